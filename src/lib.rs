@@ -1,0 +1,1 @@
+//! Examples and cross-crate tests of stagedoor-jobs live in `examples/` and `tests/`.

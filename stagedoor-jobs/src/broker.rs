@@ -1,0 +1,328 @@
+//! The broker trait: what a backend does for the runtime.
+//!
+//! The runtime owns every decision (which handler, whether an attempt is retried or
+//! dead-lettered, after how long); a broker stores and moves jobs and keeps the promises
+//! documented on each method. The same runtime drives Redis Streams (one stream per queue with a
+//! consumer group, a delayed sorted set, a dead stream), SQL tables (rows claimed with a lease)
+//! and the in-memory broker without special cases.
+//!
+//! # Attempts
+//! Attempts are counted when a job is claimed: [`Broker::claim`] returns each delivery with the
+//! number of this delivery (1 for the first). A worker that dies inside a handler has spent the
+//! attempt; the runtime dead-letters a job claimed beyond its cap without running it.
+//!
+//! # Crashes
+//! A delivery that is claimed and never settled (the process died, the shutdown deadline
+//! passed) comes back after its lease; nothing between claim and settle may lose a job.
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::clock::Clock;
+use crate::envelope::{Envelope, JobId};
+use crate::outcome::Failure;
+
+/// An error of a broker: the server could not be reached, a statement failed, a stored entry
+/// is malformed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// The server is unreachable or the connection broke; the runtime retries with backoff.
+    #[error("connection: {0}")]
+    Connection(String),
+    /// The broker was used before [`Broker::connect`].
+    #[error("the broker is not connected: the service connects it at start")]
+    NotConnected,
+    /// The queue (or dead letter) is not known to this broker.
+    #[error("unknown queue `{0}`")]
+    UnknownQueue(String),
+    /// A stored entry could not be read.
+    #[error("malformed entry {id}: {reason}")]
+    Malformed {
+        /// The entry's id in the backend.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Anything else the backend reported.
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// One claimed job: its envelope (attempt = this delivery's number) and the backend's receipt,
+/// which settles it.
+#[derive(Debug)]
+pub struct Delivery<R> {
+    /// The job.
+    pub envelope: Envelope,
+    /// What the backend needs to settle or renew this delivery (a stream entry id, a row id and
+    /// the lease it was claimed with).
+    pub receipt: R,
+}
+
+/// What to do with a delivery, decided by the runtime from the handler's outcome, the mount's
+/// cap and its backoff.
+#[derive(Clone, Debug)]
+pub enum Settlement {
+    /// Done: the job leaves the queue.
+    Ack,
+    /// Done without success: the job leaves the queue; no dead letter.
+    Drop,
+    /// A failed attempt under the cap: the job becomes due again `delay` after now (by the
+    /// broker's clock), keeping the attempts it has spent.
+    Retry {
+        /// How long until it is due again; zero for at once.
+        delay: Duration,
+        /// Why the attempt failed (backends with an error column keep it).
+        failure: Failure,
+    },
+    /// The job leaves its queue for the dead letter `target`, with every field it had plus the
+    /// failure, the attempts spent and the time it failed.
+    DeadLetter {
+        /// The dead letter: a queue name, a group, a table, `<stream>:dead`.
+        target: String,
+        /// Why the last attempt failed.
+        failure: Failure,
+    },
+}
+
+/// What settling did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// The settlement took effect.
+    Done,
+    /// The delivery's lease had been lost (the job was reclaimed by another worker): nothing was
+    /// changed, so the new owner's work stands.
+    LeaseLost,
+}
+
+/// A mount as a broker sees it at startup, to check that it can serve it.
+#[derive(Clone, Debug)]
+pub struct MountInfo {
+    /// The subscriber's name (its function's name), for messages.
+    pub subscriber: String,
+    /// The queue it reads.
+    pub queue: String,
+    /// The kind it handles, `None` for every kind without a handler of its own.
+    pub kind: Option<String>,
+    /// The cap, if declared.
+    pub max_attempts: Option<u32>,
+    /// The dead letter, if declared.
+    pub dead_letter: Option<String>,
+    /// The name of the typed queue descriptor's backend, if the subscriber used one.
+    pub backend: Option<&'static str>,
+}
+
+/// A problem a broker finds in a mount at startup: the service refuses to start and lists every
+/// problem at once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// Which mount (or `*` for the broker itself).
+    pub mount: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// A dead letter: the job as it was, plus why and when it failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The dead letter's own id in the backend (a stream entry id, a row id).
+    pub id: String,
+    /// The job as it was when it failed (attempt = attempts spent).
+    pub envelope: Envelope,
+    /// The queue it failed on, where a replay sends it.
+    pub origin: String,
+    /// The last error.
+    pub error: String,
+    /// The last traceback.
+    pub traceback: String,
+    /// Attempts spent.
+    pub attempts: u32,
+    /// When it was dead-lettered.
+    pub failed_at: DateTime<Utc>,
+}
+
+/// Which dead letters a list, replay or purge takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeadSelector {
+    /// One, by its dead-letter id (or job id).
+    Id(String),
+    /// Every dead letter of a kind.
+    Kind(String),
+    /// Every dead letter.
+    All,
+}
+
+impl DeadSelector {
+    /// Whether `d` is selected.
+    pub fn matches(&self, d: &DeadLetter) -> bool {
+        match self {
+            DeadSelector::Id(id) => d.id == *id || d.envelope.id().as_str() == id,
+            DeadSelector::Kind(k) => d.envelope.kind() == k,
+            DeadSelector::All => true,
+        }
+    }
+}
+
+/// What a replay did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Moved back to their queue with attempts reset.
+    pub replayed: u64,
+    /// Selected but left where they were (already replayed by someone else).
+    pub skipped: u64,
+    /// Selected but could not be moved (the error is logged).
+    pub failed: u64,
+}
+
+/// What a queue holds now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Due and waiting to be claimed.
+    pub ready: u64,
+    /// Claimed and not yet settled.
+    pub pending: u64,
+    /// Waiting for a time in the future (delayed jobs and delayed retries).
+    pub delayed: u64,
+    /// How long the oldest due job has waited.
+    pub oldest: Option<Duration>,
+}
+
+/// A backend: where jobs are stored and how they move. See the [module docs](self).
+///
+/// A broker value is cheap to clone (it holds its connection behind an `Arc`) and does no I/O
+/// until [`connect`](Broker::connect).
+pub trait Broker: Clone + Send + Sync + 'static {
+    /// What a delivery carries to be settled or renewed.
+    type Receipt: Send + Sync + 'static;
+
+    /// The backend's name, as typed queue descriptors name it ("memory", "redis", "sqlx").
+    fn backend(&self) -> &'static str;
+
+    /// Connects (builds a pool, opens a connection), when the service starts. Errors name the
+    /// URL's problem and the fix. Called once; idempotent.
+    fn connect(&self) -> impl Future<Output = Result<(), BrokerError>> + Send;
+
+    /// Checks, after connecting, that the broker can serve these mounts (a table has the columns
+    /// a cap needs, a dead letter can be held, a typed queue belongs to this backend). Returns
+    /// every problem.
+    fn check(&self, mounts: &[MountInfo]) -> impl Future<Output = Vec<Problem>> + Send;
+
+    /// Prepares a queue before its first claim (creates the consumer group, ...). Idempotent.
+    fn prepare(&self, queue: &str) -> impl Future<Output = Result<(), BrokerError>> + Send;
+
+    /// Claims up to `max` due jobs of `queue`, waiting up to `wait` for the first one. Each
+    /// claimed job has its attempt counted in the same atomic step (so a crash after the claim
+    /// spends it) and is leased for [`lease`](Broker::lease): a delivery not settled or renewed
+    /// within the lease is claimable again. Jobs whose lease expired are claimed like due jobs.
+    fn claim(
+        &self,
+        queue: &str,
+        max: usize,
+        wait: Duration,
+    ) -> impl Future<Output = Result<Vec<Delivery<Self::Receipt>>, BrokerError>> + Send;
+
+    /// Extends a running delivery's lease. `Ok(false)` when it was already lost.
+    fn renew(
+        &self,
+        queue: &str,
+        receipt: &Self::Receipt,
+    ) -> impl Future<Output = Result<bool, BrokerError>> + Send;
+
+    /// Settles a delivery in one atomic step: a crash before it leaves the delivery to be
+    /// reclaimed after its lease; a crash after it cannot have half-done it (a retry is both
+    /// re-queued and acknowledged, a dead letter both written and removed). A delivery whose
+    /// lease was lost is fenced: [`Settled::LeaseLost`], nothing changed.
+    fn settle(
+        &self,
+        queue: &str,
+        delivery: &Delivery<Self::Receipt>,
+        settlement: Settlement,
+    ) -> impl Future<Output = Result<Settled, BrokerError>> + Send;
+
+    /// Publishes jobs to `queue`, each due at its time (`None` for now), all or none. A job
+    /// whose id is already in the queue (waiting, delayed or running) is not added twice.
+    fn publish(
+        &self,
+        queue: &str,
+        jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
+    ) -> impl Future<Output = Result<(), BrokerError>> + Send;
+
+    /// Takes the lock `key` for `ttl` if nobody holds it, recording `token` as the owner
+    /// (scheduler ticks). `Ok(true)` when taken.
+    fn try_lock(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, BrokerError>> + Send;
+
+    /// Releases the lock `key` if `token` still owns it; another owner's lock is left alone.
+    fn unlock(
+        &self,
+        key: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<(), BrokerError>> + Send;
+
+    /// The dead letters in `dead` that `selector` takes, newest first, at most `limit`.
+    fn dead_letters(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, BrokerError>> + Send;
+
+    /// Moves the selected dead letters back to the queue each failed on, attempts reset, each in
+    /// one atomic step (an interrupted replay loses and duplicates nothing).
+    fn replay(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> impl Future<Output = Result<ReplayReport, BrokerError>> + Send;
+
+    /// Deletes the selected dead letters; returns how many.
+    fn purge(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> impl Future<Output = Result<u64, BrokerError>> + Send;
+
+    /// What `queue` holds now.
+    fn stats(&self, queue: &str) -> impl Future<Output = Result<QueueStats, BrokerError>> + Send;
+
+    /// How many dead letters `dead` holds.
+    fn dead_len(&self, dead: &str) -> impl Future<Output = Result<u64, BrokerError>> + Send;
+
+    /// The dead letter a failure goes to when the mount declares none (a job of a kind nobody
+    /// handles, a payload that cannot be parsed): `<stream>:dead`, `<group>.dead`.
+    fn default_dead_letter(&self, queue: &str) -> String;
+
+    /// How long a claim holds a job; the runtime renews a running delivery every third of it.
+    fn lease(&self) -> Duration;
+
+    /// The broker's clock: due times, leases and the scheduler read it.
+    fn clock(&self) -> Clock {
+        Clock::system()
+    }
+
+    /// Runs the broker on `clock` instead of its own (the test harness's paused clock).
+    /// Returns `false` when the backend cannot (servers keep their own time).
+    fn use_clock(&self, clock: &Clock) -> bool {
+        let _ = clock;
+        false
+    }
+
+    /// When the next delayed job of `queue` is due, if the broker can tell cheaply (the harness
+    /// uses it to step its clock through chains of delayed retries).
+    fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        let _ = queue;
+        None
+    }
+}
+
+/// A derived job id for a schedule tick, so a duplicate enqueue of the tick is recognised.
+pub fn tick_job_id(schedule: &str, tick: DateTime<Utc>) -> JobId {
+    JobId::from_string(format!("{schedule}@{}", tick.timestamp()))
+}

@@ -1,0 +1,1 @@
+//! The conformance suite every broker runs (feature `conformance`).

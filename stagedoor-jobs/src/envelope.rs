@@ -1,0 +1,269 @@
+//! The job envelope: what travels through a broker for every job.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The id of a job, minted by the publisher (a UUIDv7, so ids sort by creation time).
+///
+/// A job keeps its id through retries, dead-lettering and replay, so logs and traces of every
+/// attempt of one job share it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JobId(String);
+
+impl JobId {
+    /// A new, unique id.
+    pub fn new() -> Self {
+        Self(uuid::Uuid::now_v7().simple().to_string())
+    }
+
+    /// An id given by the caller, e.g. derived from a schedule and its tick so that a duplicate
+    /// enqueue can be recognised.
+    pub fn from_string(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for JobId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Headers a job carries from its publisher to its handler and into its dead letter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Headers {
+    /// The request that queued the job (seed: `request_id`), for finding it in the logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    /// The trace the publisher ran in (seed: `trace`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
+    /// Any other header, kept as given.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, String>,
+}
+
+/// One job as a broker stores and delivers it.
+///
+/// The payload is opaque bytes (JSON through serde by default); everything else is what the
+/// runtime needs to route, count and trace the job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    id: JobId,
+    kind: String,
+    attempt: u32,
+    payload: Vec<u8>,
+    headers: Headers,
+    enqueued_at: DateTime<Utc>,
+}
+
+impl Envelope {
+    /// An envelope for a new job of `kind` with an already encoded payload, a fresh id, attempt 0
+    /// (not yet delivered) and the given enqueue time.
+    pub fn new(kind: impl Into<String>, payload: Vec<u8>, enqueued_at: DateTime<Utc>) -> Self {
+        Self {
+            id: JobId::new(),
+            kind: kind.into(),
+            attempt: 0,
+            payload,
+            headers: Headers::default(),
+            enqueued_at,
+        }
+    }
+
+    /// The job's id.
+    pub fn id(&self) -> &JobId {
+        &self.id
+    }
+    /// The job's kind: which handler of its queue runs it.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+    /// On a delivery, the number of this delivery, 1 for the first; on a stored job, the
+    /// deliveries made so far.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+    /// The encoded payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+    /// The headers.
+    pub fn headers(&self) -> &Headers {
+        &self.headers
+    }
+    /// When the publisher enqueued the job.
+    pub fn enqueued_at(&self) -> DateTime<Utc> {
+        self.enqueued_at
+    }
+
+    /// Replaces the id.
+    pub fn with_id(mut self, id: JobId) -> Self {
+        self.id = id;
+        self
+    }
+    /// Replaces the attempt number.
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+    /// Replaces the headers.
+    pub fn with_headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+    /// Mutable access to the headers.
+    pub fn headers_mut(&mut self) -> &mut Headers {
+        &mut self.headers
+    }
+    /// Takes the payload out.
+    pub fn into_payload(self) -> Vec<u8> {
+        self.payload
+    }
+}
+
+/// When a published job becomes due.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunAt {
+    /// At once.
+    #[default]
+    Now,
+    /// No earlier than this long after it is published.
+    After(Duration),
+    /// No earlier than this time.
+    At(DateTime<Utc>),
+}
+
+impl RunAt {
+    /// The due time given the broker's `now`, or `None` for at once.
+    pub fn resolve(self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match self {
+            RunAt::Now => None,
+            RunAt::After(d) => {
+                Some(now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX))
+            }
+            RunAt::At(t) => Some(t),
+        }
+    }
+}
+
+/// A job to publish: a queue, a kind, an encoded payload and when it should run.
+///
+/// ```
+/// # use stagedoor_jobs::Job;
+/// # use std::time::Duration;
+/// #[derive(serde::Serialize)]
+/// struct Reminder { event_id: u64 }
+/// let job = Job::new("jobs", &Reminder { event_id: 7 })
+///     .unwrap()
+///     .kind("send_reminder")
+///     .after(Duration::from_secs(24 * 3600))
+///     .request_id("7f3a9c2e");
+/// assert_eq!(job.queue(), "jobs");
+/// ```
+#[derive(Clone, Debug)]
+pub struct Job {
+    queue: String,
+    envelope: Envelope,
+    run_at: RunAt,
+}
+
+impl Job {
+    /// A job on `queue` whose payload is `payload` encoded as JSON. Its kind is the queue's name
+    /// until [`Job::kind`] names another.
+    pub fn new<T: Serialize + ?Sized>(
+        queue: impl Into<String>,
+        payload: &T,
+    ) -> Result<Self, serde_json::Error> {
+        Ok(Self::from_bytes(queue, serde_json::to_vec(payload)?))
+    }
+
+    /// A job with an already encoded payload.
+    pub fn from_bytes(queue: impl Into<String>, payload: Vec<u8>) -> Self {
+        let queue = queue.into();
+        Self {
+            envelope: Envelope::new(queue.clone(), payload, Utc::now()),
+            queue,
+            run_at: RunAt::Now,
+        }
+    }
+
+    /// Sets the kind: which handler of the queue runs it.
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.envelope.kind = kind.into();
+        self
+    }
+    /// Sets the id (by default a fresh UUIDv7).
+    pub fn id(mut self, id: JobId) -> Self {
+        self.envelope.id = id;
+        self
+    }
+    /// Runs the job no earlier than `delay` after it is published.
+    pub fn after(mut self, delay: Duration) -> Self {
+        self.run_at = RunAt::After(delay);
+        self
+    }
+    /// Runs the job no earlier than `at`.
+    pub fn at(mut self, at: DateTime<Utc>) -> Self {
+        self.run_at = RunAt::At(at);
+        self
+    }
+    /// Sets the request id header.
+    pub fn request_id(mut self, id: impl Into<String>) -> Self {
+        self.envelope.headers.request_id = Some(id.into());
+        self
+    }
+    /// Sets the trace header.
+    pub fn trace(mut self, trace: impl Into<String>) -> Self {
+        self.envelope.headers.trace = Some(trace.into());
+        self
+    }
+    /// Sets another header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.envelope
+            .headers
+            .extra
+            .insert(name.into(), value.into());
+        self
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+    /// The job id.
+    pub fn job_id(&self) -> &JobId {
+        &self.envelope.id
+    }
+    /// When it runs.
+    pub fn run_at(&self) -> RunAt {
+        self.run_at
+    }
+    /// The envelope.
+    pub fn envelope(&self) -> &Envelope {
+        &self.envelope
+    }
+
+    /// Splits the job for a broker, stamping the enqueue time with the broker's clock.
+    pub fn into_parts(mut self, now: DateTime<Utc>) -> (String, Envelope, Option<DateTime<Utc>>) {
+        self.envelope.enqueued_at = now;
+        let at = self.run_at.resolve(now);
+        (self.queue, self.envelope, at)
+    }
+}

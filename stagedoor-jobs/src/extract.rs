@@ -1,0 +1,198 @@
+//! Extractors: the arguments of a handler after its message.
+
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+
+use crate::envelope::Envelope;
+
+/// What a delivery offers to extractors: the job's envelope, its queue and the service's state.
+#[derive(Debug)]
+pub struct JobContext {
+    queue: Arc<str>,
+    envelope: Envelope,
+    state: Arc<State>,
+}
+
+impl JobContext {
+    /// A context for one delivery.
+    pub fn new(queue: Arc<str>, envelope: Envelope, state: Arc<State>) -> Self {
+        Self {
+            queue,
+            envelope,
+            state,
+        }
+    }
+    /// The queue the job was delivered from.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+    /// The job's envelope (attempt is this delivery's number, 1 for the first).
+    pub fn envelope(&self) -> &Envelope {
+        &self.envelope
+    }
+    /// A value the service registered with [`Service::state`](crate::Service::state).
+    pub fn state<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.state.get::<T>()
+    }
+}
+
+/// Values shared by every handler of a service, one per type.
+#[derive(Default)]
+pub struct State {
+    map: HashMap<TypeId, Box<dyn Any + Send + Sync>>,
+}
+
+impl State {
+    /// Stores `value`, replacing any earlier value of its type.
+    pub fn insert<T: Any + Send + Sync>(&mut self, value: T) {
+        self.map.insert(TypeId::of::<T>(), Box::new(value));
+    }
+    /// The value of type `T`.
+    pub fn get<T: Any + Send + Sync>(&self) -> Option<&T> {
+        self.map
+            .get(&TypeId::of::<T>())
+            .and_then(|b| b.downcast_ref())
+    }
+}
+
+impl fmt::Debug for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("State")
+            .field("values", &self.map.len())
+            .finish()
+    }
+}
+
+/// Why an extractor refused a delivery. The attempt fails with this as its error.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Rejection(pub String);
+
+/// A handler argument taken from the delivery.
+///
+/// Implemented by [`Ctx<K>`] for every key of [`keys`] and by [`Data<T>`]; implement it for
+/// your own types to extract anything else from a [`JobContext`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an extractor, so it cannot be an argument of a job handler",
+    label = "not an extractor",
+    note = "a handler takes its message first (`msg: &T`); every other argument is an extractor: `Ctx<keys::Attempt>`, `Ctx<keys::JobId>`, `Ctx<keys::Kind>`, `Ctx<keys::EnqueuedAt>`, `Ctx<keys::RequestId>`, `Ctx<keys::Trace>`, `Ctx<keys::Queue>`, `Data<T>`",
+    note = "or implement `stagedoor_jobs::FromJob` for `{Self}`"
+)]
+pub trait FromJob: Sized + Send + 'static {
+    /// Takes the value from the delivery, or refuses it (a failed attempt).
+    fn from_job(job: &JobContext) -> Result<Self, Rejection>;
+}
+
+/// A key of the job context that [`Ctx`] extracts.
+pub trait Key: Send + 'static {
+    /// The value extracted.
+    type Value: Send + 'static;
+    /// Reads the value.
+    fn get(job: &JobContext) -> Self::Value;
+}
+
+/// A value of the job context: `Ctx(attempt): Ctx<keys::Attempt>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ctx<K: Key>(pub K::Value);
+
+impl<K: Key> FromJob for Ctx<K> {
+    fn from_job(job: &JobContext) -> Result<Self, Rejection> {
+        Ok(Ctx(K::get(job)))
+    }
+}
+
+/// The keys [`Ctx`] reads.
+pub mod keys {
+    use super::*;
+
+    /// The delivery's attempt, `Some(1)` for the first. Every broker of stagedoor-jobs counts
+    /// attempts, so it is always `Some`; it is an `Option` for brokers that do not.
+    #[derive(Debug)]
+    pub struct Attempt;
+    impl Key for Attempt {
+        type Value = Option<u32>;
+        fn get(job: &JobContext) -> Option<u32> {
+            Some(job.envelope().attempt())
+        }
+    }
+
+    /// The job's id, the same on every attempt.
+    #[derive(Debug)]
+    pub struct JobId;
+    impl Key for JobId {
+        type Value = crate::JobId;
+        fn get(job: &JobContext) -> crate::JobId {
+            job.envelope().id().clone()
+        }
+    }
+
+    /// The job's kind.
+    #[derive(Debug)]
+    pub struct Kind;
+    impl Key for Kind {
+        type Value = String;
+        fn get(job: &JobContext) -> String {
+            job.envelope().kind().to_owned()
+        }
+    }
+
+    /// When the job was enqueued.
+    #[derive(Debug)]
+    pub struct EnqueuedAt;
+    impl Key for EnqueuedAt {
+        type Value = DateTime<Utc>;
+        fn get(job: &JobContext) -> DateTime<Utc> {
+            job.envelope().enqueued_at()
+        }
+    }
+
+    /// The request id the publisher set, if any.
+    #[derive(Debug)]
+    pub struct RequestId;
+    impl Key for RequestId {
+        type Value = Option<String>;
+        fn get(job: &JobContext) -> Option<String> {
+            job.envelope().headers().request_id.clone()
+        }
+    }
+
+    /// The trace the publisher set, if any.
+    #[derive(Debug)]
+    pub struct Trace;
+    impl Key for Trace {
+        type Value = Option<String>;
+        fn get(job: &JobContext) -> Option<String> {
+            job.envelope().headers().trace.clone()
+        }
+    }
+
+    /// The queue the job came from.
+    #[derive(Debug)]
+    pub struct Queue;
+    impl Key for Queue {
+        type Value = String;
+        fn get(job: &JobContext) -> String {
+            job.queue().to_owned()
+        }
+    }
+}
+
+/// A value the service registered with [`Service::state`](crate::Service::state), cloned for
+/// the handler: a database pool, an HTTP client.
+#[derive(Clone, Debug)]
+pub struct Data<T>(pub T);
+
+impl<T: Clone + Send + Sync + 'static> FromJob for Data<T> {
+    fn from_job(job: &JobContext) -> Result<Self, Rejection> {
+        job.state::<T>().cloned().map(Data).ok_or_else(|| {
+            Rejection(format!(
+                "no service state of type `{}`: register it with `Service::state(value)`",
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+}

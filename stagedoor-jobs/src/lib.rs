@@ -1,0 +1,127 @@
+//! # stagedoor-jobs
+//!
+//! Background jobs for Rust services: handlers you annotate, retries with a backoff per mount,
+//! caps and dead letters that contain poison jobs, a scheduler, and a harness to test it all,
+//! on Redis Streams (`stagedoor-jobs-redis`), an SQL table (`stagedoor-jobs-sqlx`, SQLite or
+//! Postgres) or in memory.
+//!
+//! ```
+//! use stagedoor_jobs::prelude::*;
+//! # #[derive(serde::Deserialize)] struct Mail { to: String }
+//!
+//! #[subscriber("emails")]
+//! async fn send(mail: &Mail, Ctx(attempt): Ctx<keys::Attempt>) -> HandlerOutcome {
+//!     let _ = (&mail.to, attempt);
+//!     HandlerOutcome::ack()
+//! }
+//!
+//! # fn build() -> Service {
+//! let broker = MemoryBroker::new();
+//! Service::new(AppInfo::new("mailer", "0.1.0")).with_broker(broker, |b| {
+//!     b.include(send).max_attempts(nonzero!(5u32)).dead_letter("emails.dead");
+//! })
+//! # }
+//! ```
+//!
+//! ## Outcomes
+//!
+//! | outcome | what happens |
+//! |---|---|
+//! | `ack()` | the job is done and leaves the queue |
+//! | `retry()` | a failed attempt: the job comes back after the mount's backoff (none declared: at once) |
+//! | `retry_after(d)` | a failed attempt: the job comes back no earlier than now + d, durably |
+//! | `drop()` | done without success: leaves the queue as `ack` does, logged; no dead letter |
+//! | `Err(e)` returned | a failed attempt, like `retry()`, with `e` (and its source chain) kept as the error |
+//! | panic in the handler | caught: a failed attempt, with the panic message and location as error and traceback; the worker lives on |
+//! | payload does not decode | a failed attempt with a decoding error; `.on_decode_error(OnDecodeError::DeadLetter)` dead-letters at once |
+//!
+//! A failed attempt that reaches `max_attempts` is not retried: the job moves to its dead
+//! letter with everything it had plus the error, traceback, attempts and the time it failed.
+
+// The macros name `::stagedoor_jobs::__private`; this makes that path work inside this crate.
+#[allow(unused_extern_crates)]
+extern crate self as stagedoor_jobs;
+
+mod backoff;
+pub mod broker;
+mod clock;
+mod envelope;
+mod extract;
+mod handler;
+mod mount;
+mod outcome;
+mod panic;
+mod runtime;
+mod service;
+mod subscription;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+#[cfg(feature = "testing")]
+pub mod memory;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate};
+pub use broker::{Broker, BrokerError, DeadLetter, DeadSelector, QueueStats, ReplayReport};
+pub use clock::Clock;
+pub use envelope::{Envelope, Headers, Job, JobId, RunAt};
+pub use extract::{Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
+pub use handler::{BoxFuture, Handler, HandlerFn};
+pub use mount::{
+    DEFAULT_CONCURRENCY, Mount, OnDecodeError, RouteBuilder, Set, Undeclared, Unset, steps,
+};
+pub use outcome::{BoxError, Failure, FailureCause, HandlerOutcome, IntoOutcome};
+pub use service::{AppInfo, Running, Service, ServiceError};
+pub use stagedoor_jobs_macros::subscriber;
+pub use subscription::{ByName, IntoSubscriber, QueueDescriptor, QueueFor, Subscriber};
+
+#[cfg(feature = "testing")]
+pub use memory::MemoryBroker;
+#[cfg(feature = "testing")]
+pub use testing::TestApp;
+
+/// A `NonZero` integer from a literal, checked when the program compiles: `nonzero!(5u32)`.
+/// `nonzero!(0u32)` does not compile, so a mount cannot declare a cap of 0.
+#[macro_export]
+macro_rules! nonzero {
+    ($n:expr) => {
+        const {
+            match ::core::num::NonZero::new($n) {
+                ::core::option::Option::Some(n) => n,
+                ::core::option::Option::None => {
+                    ::core::panic!(
+                        "nonzero!(0): a cap of 0 attempts would never run the job; use 1 or more"
+                    )
+                }
+            }
+        }
+    };
+}
+
+/// Everything a handler file needs: `use stagedoor_jobs::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        AppInfo, Ctx, Data, Exponential, Fixed, FullJitter, HandlerOutcome, Immediate, Job, JobId,
+        OnDecodeError, Service, Subscriber, keys, nonzero, subscriber,
+    };
+    #[cfg(feature = "testing")]
+    pub use crate::{MemoryBroker, TestApp};
+}
+
+/// What the macros' expansions name. Not a public API: it changes without notice.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::extract::FromJob;
+    pub use crate::outcome::IntoOutcome;
+    pub use crate::subscription::{ByName, IntoSubscriber, QueueDescriptor, Subscriber};
+
+    /// Compile-time check that `T` is an extractor (spanned on the argument by the macro).
+    pub const fn assert_extractor<T: FromJob>() {}
+    /// Compile-time check that `T` is a handler result (spanned on the return type).
+    pub const fn assert_outcome<T: IntoOutcome>() {}
+    /// Compile-time check that `T` can be a message.
+    pub const fn assert_message<T: serde::de::DeserializeOwned + Send + Sync + 'static>() {}
+    /// Compile-time check that `T` is a queue descriptor.
+    pub const fn assert_queue<T: QueueDescriptor>() {}
+}

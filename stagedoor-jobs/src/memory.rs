@@ -1,0 +1,507 @@
+//! The in-memory broker (feature `testing`): the full semantics of every backend, in one
+//! process, on a clock the test harness can control. For users' tests and examples; it keeps
+//! nothing across a restart of the process.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::Notify;
+
+use crate::broker::{
+    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, QueueStats,
+    ReplayReport, Settled, Settlement,
+};
+use crate::clock::Clock;
+use crate::envelope::{Envelope, JobId};
+use crate::outcome::Failure;
+
+/// The in-memory broker. Clones share the same queues.
+///
+/// Queues spring into being when first used; a dead letter is a queue like any other, whose
+/// jobs carry their failure (so a subscriber can read it, as seed 002's `review` does).
+#[derive(Clone, Debug)]
+pub struct MemoryBroker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    clock: Mutex<Clock>,
+    state: Mutex<Mem>,
+    changed: Notify,
+    lease: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Mem {
+    queues: HashMap<String, MemQueue>,
+    locks: HashMap<String, (String, DateTime<Utc>)>,
+    seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct MemQueue {
+    /// Waiting jobs by (due, publish order).
+    waiting: BTreeMap<(DateTime<Utc>, u64), Stored>,
+    /// Claimed jobs by receipt token.
+    running: HashMap<u64, Running>,
+    /// Ids of every job in the queue, waiting or running.
+    ids: HashSet<JobId>,
+}
+
+#[derive(Clone, Debug)]
+struct Stored {
+    envelope: Envelope,
+    dead: Option<DeadInfo>,
+}
+
+#[derive(Clone, Debug)]
+struct DeadInfo {
+    origin: String,
+    failure: Failure,
+    failed_at: DateTime<Utc>,
+}
+
+#[derive(Debug)]
+struct Running {
+    stored: Stored,
+    lease_until: DateTime<Utc>,
+}
+
+/// A delivery's receipt on the in-memory broker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryReceipt(u64);
+
+impl Default for MemoryBroker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn chrono_d(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+impl MemoryBroker {
+    /// A broker with a lease of 30 seconds.
+    pub fn new() -> Self {
+        Self::with_lease(Duration::from_secs(30))
+    }
+
+    /// A broker whose claims hold a job for `lease`.
+    pub fn with_lease(lease: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                clock: Mutex::new(Clock::system()),
+                state: Mutex::new(Mem::default()),
+                changed: Notify::new(),
+                lease,
+            }),
+        }
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        self.inner.clock.lock().expect("clock lock").now()
+    }
+
+    fn mem(&self) -> MutexGuard<'_, Mem> {
+        self.inner.state.lock().expect("memory broker lock")
+    }
+
+    /// Claims due jobs now, without waiting.
+    fn try_claim(
+        &self,
+        queue: &str,
+        max: usize,
+        now: DateTime<Utc>,
+    ) -> Vec<Delivery<MemoryReceipt>> {
+        let mut mem = self.mem();
+        let Mem { queues, seq, .. } = &mut *mem;
+        let q = queues.entry(queue.to_owned()).or_default();
+        // Leases that ran out: the job is due again, its attempt already spent.
+        let expired: Vec<u64> = q
+            .running
+            .iter()
+            .filter(|(_, r)| r.lease_until <= now)
+            .map(|(t, _)| *t)
+            .collect();
+        for t in expired {
+            if let Some(r) = q.running.remove(&t) {
+                *seq += 1;
+                q.waiting.insert((now, *seq), r.stored);
+            }
+        }
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(entry) = q.waiting.first_entry() else {
+                break;
+            };
+            if entry.key().0 > now {
+                break;
+            }
+            let mut stored = entry.remove();
+            stored.envelope = stored
+                .envelope
+                .clone()
+                .with_attempt(stored.envelope.attempt() + 1);
+            *seq += 1;
+            let token = *seq;
+            out.push(Delivery {
+                envelope: stored.envelope.clone(),
+                receipt: MemoryReceipt(token),
+            });
+            q.running.insert(
+                token,
+                Running {
+                    stored,
+                    lease_until: now + chrono_d(self.inner.lease),
+                },
+            );
+        }
+        out
+    }
+
+    fn next_due_locked(mem: &Mem, queue: &str) -> Option<DateTime<Utc>> {
+        let q = mem.queues.get(queue)?;
+        let waiting = q.waiting.keys().next().map(|k| k.0);
+        let lease = q.running.values().map(|r| r.lease_until).min();
+        match (waiting, lease) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn dead_of(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> Vec<((DateTime<Utc>, u64), DeadLetter)> {
+        let mem = self.mem();
+        let Some(q) = mem.queues.get(dead) else {
+            return Vec::new();
+        };
+        let mut out: Vec<_> = q
+            .waiting
+            .iter()
+            .filter_map(|(k, s)| {
+                let d = s.dead.as_ref()?;
+                let letter = DeadLetter {
+                    id: s.envelope.id().to_string(),
+                    envelope: s.envelope.clone(),
+                    origin: d.origin.clone(),
+                    error: d.failure.error.clone(),
+                    traceback: d.failure.traceback.clone(),
+                    attempts: s.envelope.attempt(),
+                    failed_at: d.failed_at,
+                };
+                selector.matches(&letter).then_some((*k, letter))
+            })
+            .collect();
+        out.sort_by(|a, b| b.1.failed_at.cmp(&a.1.failed_at).then(b.0.1.cmp(&a.0.1)));
+        out
+    }
+}
+
+impl Broker for MemoryBroker {
+    type Receipt = MemoryReceipt;
+
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn connect(&self) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
+    async fn check(&self, _mounts: &[MountInfo]) -> Vec<Problem> {
+        Vec::new()
+    }
+
+    async fn prepare(&self, queue: &str) -> Result<(), BrokerError> {
+        self.mem().queues.entry(queue.to_owned()).or_default();
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        queue: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery<MemoryReceipt>>, BrokerError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut clock_rx = self.clock().subscribe();
+        loop {
+            let notified = self.inner.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = self.now();
+            let got = self.try_claim(queue, max, now);
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            let mut until = deadline;
+            if clock_rx.is_none() {
+                // On the system clock, wake for the next due job.
+                if let Some(next) = Self::next_due_locked(&self.mem(), queue) {
+                    let d = (next - now).to_std().unwrap_or(Duration::ZERO);
+                    until = until.min(tokio::time::Instant::now() + d);
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(Vec::new());
+            }
+            let clock_changed = async {
+                match clock_rx.as_mut() {
+                    Some(rx) => {
+                        if rx.changed().await.is_err() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = notified => {}
+                _ = clock_changed => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    async fn renew(&self, queue: &str, receipt: &MemoryReceipt) -> Result<bool, BrokerError> {
+        let until = self.now() + chrono_d(self.inner.lease);
+        let mut mem = self.mem();
+        let r = mem
+            .queues
+            .get_mut(queue)
+            .and_then(|q| q.running.get_mut(&receipt.0));
+        Ok(match r {
+            Some(r) => {
+                r.lease_until = until;
+                true
+            }
+            None => false,
+        })
+    }
+
+    async fn settle(
+        &self,
+        queue: &str,
+        delivery: &Delivery<MemoryReceipt>,
+        settlement: Settlement,
+    ) -> Result<Settled, BrokerError> {
+        let now = self.now();
+        {
+            let mut mem = self.mem();
+            let Mem { queues, seq, .. } = &mut *mem;
+            let Some(q) = queues.get_mut(queue) else {
+                return Ok(Settled::LeaseLost);
+            };
+            let Some(running) = q.running.remove(&delivery.receipt.0) else {
+                return Ok(Settled::LeaseLost);
+            };
+            let mut stored = running.stored;
+            match settlement {
+                Settlement::Ack | Settlement::Drop => {
+                    q.ids.remove(stored.envelope.id());
+                }
+                Settlement::Retry { delay, .. } => {
+                    *seq += 1;
+                    q.waiting.insert((now + chrono_d(delay), *seq), stored);
+                }
+                Settlement::DeadLetter { target, failure } => {
+                    q.ids.remove(stored.envelope.id());
+                    let origin = match stored.dead.take() {
+                        // A dead letter's own subscriber failed: keep the first origin.
+                        Some(d) => d.origin,
+                        None => queue.to_owned(),
+                    };
+                    stored.dead = Some(DeadInfo {
+                        origin,
+                        failure,
+                        failed_at: now,
+                    });
+                    let t = queues.entry(target).or_default();
+                    t.ids.insert(stored.envelope.id().clone());
+                    *seq += 1;
+                    t.waiting.insert((now, *seq), stored);
+                }
+            }
+        }
+        self.inner.changed.notify_waiters();
+        Ok(Settled::Done)
+    }
+
+    async fn publish(
+        &self,
+        queue: &str,
+        jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
+    ) -> Result<(), BrokerError> {
+        let now = self.now();
+        {
+            let mut mem = self.mem();
+            let Mem { queues, seq, .. } = &mut *mem;
+            let q = queues.entry(queue.to_owned()).or_default();
+            for (envelope, at) in jobs {
+                if !q.ids.insert(envelope.id().clone()) {
+                    tracing::debug!(job_id = %envelope.id(), "already in the queue: not added twice");
+                    continue;
+                }
+                *seq += 1;
+                q.waiting.insert(
+                    (at.unwrap_or(now).max(now), *seq),
+                    Stored {
+                        envelope,
+                        dead: None,
+                    },
+                );
+            }
+        }
+        self.inner.changed.notify_waiters();
+        Ok(())
+    }
+
+    async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
+        let now = self.now();
+        let mut mem = self.mem();
+        match mem.locks.get(key) {
+            Some((_, until)) if *until > now => Ok(false),
+            _ => {
+                mem.locks
+                    .insert(key.to_owned(), (token.to_owned(), now + chrono_d(ttl)));
+                Ok(true)
+            }
+        }
+    }
+
+    async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
+        let mut mem = self.mem();
+        if mem.locks.get(key).is_some_and(|(t, _)| t == token) {
+            mem.locks.remove(key);
+        }
+        Ok(())
+    }
+
+    async fn dead_letters(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
+        Ok(self
+            .dead_of(dead, selector)
+            .into_iter()
+            .take(limit)
+            .map(|(_, d)| d)
+            .collect())
+    }
+
+    async fn replay(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> Result<ReplayReport, BrokerError> {
+        let now = self.now();
+        let selected = self.dead_of(dead, selector);
+        let mut report = ReplayReport::default();
+        {
+            let mut mem = self.mem();
+            let Mem { queues, seq, .. } = &mut *mem;
+            for (key, letter) in selected {
+                let Some(stored) = queues.get_mut(dead).and_then(|q| q.waiting.remove(&key)) else {
+                    report.skipped += 1;
+                    continue;
+                };
+                if let Some(q) = queues.get_mut(dead) {
+                    q.ids.remove(stored.envelope.id());
+                }
+                let origin = queues.entry(letter.origin.clone()).or_default();
+                if !origin.ids.insert(stored.envelope.id().clone()) {
+                    report.skipped += 1;
+                    continue;
+                }
+                *seq += 1;
+                let envelope = stored.envelope.with_attempt(0);
+                origin.waiting.insert(
+                    (now, *seq),
+                    Stored {
+                        envelope,
+                        dead: None,
+                    },
+                );
+                report.replayed += 1;
+            }
+        }
+        self.inner.changed.notify_waiters();
+        Ok(report)
+    }
+
+    async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
+        let selected = self.dead_of(dead, selector);
+        let mut mem = self.mem();
+        let Some(q) = mem.queues.get_mut(dead) else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        for (key, _) in selected {
+            if let Some(s) = q.waiting.remove(&key) {
+                q.ids.remove(s.envelope.id());
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
+        let now = self.now();
+        let mem = self.mem();
+        let Some(q) = mem.queues.get(queue) else {
+            return Ok(QueueStats::default());
+        };
+        let mut s = QueueStats {
+            pending: q.running.len() as u64,
+            ..QueueStats::default()
+        };
+        for (due, _) in q.waiting.keys() {
+            if *due <= now {
+                s.ready += 1;
+                let waited = (now - *due).to_std().unwrap_or_default();
+                s.oldest = Some(s.oldest.map_or(waited, |o| o.max(waited)));
+            } else {
+                s.delayed += 1;
+            }
+        }
+        Ok(s)
+    }
+
+    async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
+        let mem = self.mem();
+        Ok(mem.queues.get(dead).map_or(0, |q| {
+            q.waiting.values().filter(|s| s.dead.is_some()).count() as u64
+        }))
+    }
+
+    fn default_dead_letter(&self, queue: &str) -> String {
+        format!("{queue}.dead")
+    }
+
+    fn lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    fn clock(&self) -> Clock {
+        self.inner.clock.lock().expect("clock lock").clone()
+    }
+
+    fn use_clock(&self, clock: &Clock) -> bool {
+        *self.inner.clock.lock().expect("clock lock") = clock.clone();
+        self.inner.changed.notify_waiters();
+        true
+    }
+
+    fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        Self::next_due_locked(&self.mem(), queue)
+    }
+}

@@ -1,0 +1,198 @@
+//! Mounting subscribers on a broker: the cap, the dead letter, the backoff, the concurrency.
+//!
+//! Each step can be declared once per mount; declaring one twice is a compile error. What needs
+//! the whole service to judge (a cap without a dead letter, two subscribers on one queue and
+//! kind) is checked at startup, where every problem is listed at once.
+
+use std::marker::PhantomData;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use crate::backoff::{Backoff, Immediate};
+use crate::broker::Broker;
+use crate::handler::ErasedHandler;
+use crate::subscription::{IntoSubscriber, QueueDescriptor, QueueFor};
+
+/// What happens to a delivery whose payload does not decode into the handler's message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnDecodeError {
+    /// A failed attempt like any other (it spends attempts and reaches the dead letter at the
+    /// cap) (seed 002).
+    #[default]
+    Retry,
+    /// Dead-letter at once: another attempt would decode the same bytes (seed 000). Needs a
+    /// dead letter on the mount.
+    DeadLetter,
+}
+
+/// The default number of handlers of one mount running at once (seed 000's 8 slots).
+pub const DEFAULT_CONCURRENCY: usize = 8;
+
+/// One mounted subscriber, as the runtime runs it.
+pub(crate) struct MountSpec {
+    pub(crate) subscriber: String,
+    pub(crate) queue: String,
+    pub(crate) kind: Option<String>,
+    pub(crate) backend: Option<&'static str>,
+    pub(crate) handler: Arc<dyn ErasedHandler>,
+    pub(crate) max_attempts: Option<NonZeroU32>,
+    pub(crate) dead_letter: Option<String>,
+    pub(crate) backoff: Arc<dyn Backoff>,
+    pub(crate) concurrency: usize,
+    pub(crate) on_decode_error: OnDecodeError,
+}
+
+/// The subscribers mounted on one broker; [`Service::with_broker`](crate::Service::with_broker)
+/// hands it to your closure.
+pub struct RouteBuilder<B> {
+    pub(crate) broker: B,
+    pub(crate) mounts: Vec<MountSpec>,
+}
+
+impl<B: Broker> RouteBuilder<B> {
+    pub(crate) fn new(broker: B) -> Self {
+        Self {
+            broker,
+            mounts: Vec::new(),
+        }
+    }
+
+    /// Mounts a subscriber: `b.include(send).max_attempts(nonzero!(5u32)).dead_letter("x.dead")`.
+    pub fn include<S>(&mut self, subscriber: S) -> Mount<'_, B>
+    where
+        S: IntoSubscriber,
+        S::Queue: QueueFor<B>,
+    {
+        let s = subscriber.into_subscriber();
+        let idx = self.mounts.len();
+        self.mounts.push(MountSpec {
+            subscriber: s.name,
+            queue: s.queue.queue_name(),
+            kind: s.kind,
+            backend: s.queue.backend(),
+            handler: s.handler,
+            max_attempts: None,
+            dead_letter: None,
+            backoff: Arc::new(Immediate),
+            concurrency: DEFAULT_CONCURRENCY,
+            on_decode_error: OnDecodeError::Retry,
+        });
+        Mount {
+            route: self,
+            idx,
+            _steps: PhantomData,
+        }
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> &B {
+        &self.broker
+    }
+}
+
+/// A step of a mount has not been declared yet.
+#[derive(Debug)]
+pub struct Unset;
+/// A step of a mount has been declared.
+#[derive(Debug)]
+pub struct Set;
+
+/// The names of a mount's steps, as compile errors show them.
+pub mod steps {
+    /// `.max_attempts(..)`
+    #[derive(Debug)]
+    pub struct MaxAttempts;
+    /// `.dead_letter(..)`
+    #[derive(Debug)]
+    pub struct DeadLetter;
+    /// `.backoff(..)`
+    #[derive(Debug)]
+    pub struct Backoff;
+    /// `.concurrency(..)`
+    #[derive(Debug)]
+    pub struct Concurrency;
+    /// `.on_decode_error(..)`
+    #[derive(Debug)]
+    pub struct OnDecodeError;
+}
+
+/// Holds for a step that a mount has not declared yet.
+#[diagnostic::on_unimplemented(
+    message = "`{Step}` is declared twice on this mount",
+    label = "already declared earlier in this chain",
+    note = "each step of a mount is declared once: remove one of the two calls"
+)]
+pub trait Undeclared<Step> {}
+impl<Step> Undeclared<Step> for Unset {}
+
+/// One mounted subscriber being configured. Each method is a step that may be declared once.
+pub struct Mount<'r, B, C = Unset, D = Unset, P = Unset, N = Unset, E = Unset> {
+    route: &'r mut RouteBuilder<B>,
+    idx: usize,
+    _steps: PhantomData<(C, D, P, N, E)>,
+}
+
+impl<'r, B, C, D, P, N, E> Mount<'r, B, C, D, P, N, E> {
+    fn spec(&mut self) -> &mut MountSpec {
+        &mut self.route.mounts[self.idx]
+    }
+    fn next<C2, D2, P2, N2, E2>(self) -> Mount<'r, B, C2, D2, P2, N2, E2> {
+        Mount {
+            route: self.route,
+            idx: self.idx,
+            _steps: PhantomData,
+        }
+    }
+
+    /// Deliveries of a job, the first included: the failure of the last one moves the job to
+    /// the dead letter. Declared together with [`dead_letter`](Self::dead_letter). A cap of 0
+    /// cannot be written: `nonzero!(0u32)` does not compile.
+    pub fn max_attempts(mut self, n: NonZeroU32) -> Mount<'r, B, Set, D, P, N, E>
+    where
+        C: Undeclared<steps::MaxAttempts>,
+    {
+        self.spec().max_attempts = Some(n);
+        self.next()
+    }
+
+    /// Where a job goes when it fails its last attempt: a queue, group or table name of the same
+    /// broker (`"emails.dead"`, `"jobs:dead"`). Declared together with
+    /// [`max_attempts`](Self::max_attempts).
+    pub fn dead_letter(mut self, target: impl Into<String>) -> Mount<'r, B, C, Set, P, N, E>
+    where
+        D: Undeclared<steps::DeadLetter>,
+    {
+        self.spec().dead_letter = Some(target.into());
+        self.next()
+    }
+
+    /// How long a failed attempt waits before the next: [`Immediate`] (the default),
+    /// [`Fixed`](crate::Fixed), [`Exponential`](crate::Exponential),
+    /// [`FullJitter`](crate::FullJitter). `retry_after(d)` from a handler overrides it.
+    pub fn backoff(mut self, policy: impl Backoff) -> Mount<'r, B, C, D, Set, N, E>
+    where
+        P: Undeclared<steps::Backoff>,
+    {
+        self.spec().backoff = Arc::new(policy);
+        self.next()
+    }
+
+    /// How many of this subscriber's handlers run at once (default 8).
+    pub fn concurrency(mut self, n: usize) -> Mount<'r, B, C, D, P, Set, E>
+    where
+        N: Undeclared<steps::Concurrency>,
+    {
+        self.spec().concurrency = n;
+        self.next()
+    }
+
+    /// What an undecodable payload does: a failed attempt (the default) or an immediate dead
+    /// letter.
+    pub fn on_decode_error(mut self, policy: OnDecodeError) -> Mount<'r, B, C, D, P, N, Set>
+    where
+        E: Undeclared<steps::OnDecodeError>,
+    {
+        self.spec().on_decode_error = policy;
+        self.next()
+    }
+}

@@ -1,0 +1,520 @@
+//! The worker: claim loops per queue, dispatch by kind, the outcome-to-settlement rules, lease
+//! renewal and graceful shutdown. Generic over the broker; erased per route for the service.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::Instrument;
+
+use crate::broker::{
+    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, QueueStats,
+    ReplayReport, Settled, Settlement,
+};
+use crate::clock::Clock;
+use crate::envelope::{Envelope, Job, JobId};
+use crate::extract::{JobContext, State};
+use crate::handler::{BoxFuture, Ran};
+use crate::mount::{MountSpec, OnDecodeError, RouteBuilder};
+use crate::outcome::{Failure, FailureCause, Verdict};
+use crate::panic::CatchPanic;
+
+/// How long one claim waits for work before the loop checks for shutdown.
+const CLAIM_WAIT: Duration = Duration::from_millis(500);
+/// The most deliveries one claim asks for.
+const MAX_BATCH: usize = 64;
+
+/// Sees every settled delivery (the test harness records them; metrics will count them).
+pub(crate) trait Observer: Send + Sync + 'static {
+    fn settled(&self, subscriber: &str, queue: &str, envelope: &Envelope, settlement: &Settlement);
+}
+
+/// What every worker loop of a running service shares.
+#[derive(Clone)]
+pub(crate) struct RunCtx {
+    pub(crate) state: Arc<State>,
+    pub(crate) stop: watch::Receiver<bool>,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) observers: Arc<[Arc<dyn Observer>]>,
+}
+
+/// A route with its broker type erased.
+pub(crate) trait ErasedRoute: Send + Sync + 'static {
+    fn backend(&self) -> &'static str;
+    fn mounts(&self) -> &[MountSpec];
+    fn default_dead_letter(&self, queue: &str) -> String;
+    fn use_clock(&self, clock: &Clock) -> bool;
+    fn connect(&self) -> BoxFuture<'_, Result<(), BrokerError>>;
+    fn check(&self) -> BoxFuture<'_, Vec<Problem>>;
+    fn spawn<'a>(
+        self: Arc<Self>,
+        ctx: &'a RunCtx,
+    ) -> BoxFuture<'a, Result<Vec<JoinHandle<()>>, BrokerError>>;
+    fn publish(&self, job: Job) -> BoxFuture<'_, Result<JobId, BrokerError>>;
+    fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>>;
+    fn next_due(&self, queue: &str) -> Option<DateTime<Utc>>;
+    fn dead_letters<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>>;
+    fn replay<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+    ) -> BoxFuture<'a, Result<ReplayReport, BrokerError>>;
+    fn purge<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+    ) -> BoxFuture<'a, Result<u64, BrokerError>>;
+}
+
+struct MountRt {
+    spec: MountSpec,
+    permits: Arc<Semaphore>,
+}
+
+struct QueueRt {
+    name: Arc<str>,
+    by_kind: HashMap<String, usize>,
+    every_kind: Option<usize>,
+    slots: usize,
+}
+
+pub(crate) struct RouteRuntime<B> {
+    broker: B,
+    mounts: Vec<MountSpec>,
+}
+
+impl<B: Broker> RouteRuntime<B> {
+    pub(crate) fn new(builder: RouteBuilder<B>) -> Self {
+        Self {
+            broker: builder.broker,
+            mounts: builder.mounts,
+        }
+    }
+}
+
+impl<B: Broker> ErasedRoute for RouteRuntime<B> {
+    fn backend(&self) -> &'static str {
+        self.broker.backend()
+    }
+    fn mounts(&self) -> &[MountSpec] {
+        &self.mounts
+    }
+    fn default_dead_letter(&self, queue: &str) -> String {
+        self.broker.default_dead_letter(queue)
+    }
+    fn use_clock(&self, clock: &Clock) -> bool {
+        self.broker.use_clock(clock)
+    }
+    fn connect(&self) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(self.broker.connect())
+    }
+    fn check(&self) -> BoxFuture<'_, Vec<Problem>> {
+        Box::pin(async move {
+            let infos: Vec<MountInfo> = self
+                .mounts
+                .iter()
+                .map(|m| MountInfo {
+                    subscriber: m.subscriber.clone(),
+                    queue: m.queue.clone(),
+                    kind: m.kind.clone(),
+                    max_attempts: m.max_attempts.map(|n| n.get()),
+                    dead_letter: m.dead_letter.clone(),
+                    backend: m.backend,
+                })
+                .collect();
+            let mut problems = Vec::new();
+            for m in &infos {
+                if let Some(b) = m.backend {
+                    if b != self.broker.backend() {
+                        problems.push(Problem {
+                            mount: format!("mount `{}` on queue `{}`", m.subscriber, m.queue),
+                            message: format!(
+                                "its queue descriptor belongs to the {b} backend, but it is mounted on a {} broker: mount it there, or subscribe by name",
+                                self.broker.backend()
+                            ),
+                        });
+                    }
+                }
+            }
+            problems.extend(self.broker.check(&infos).await);
+            problems
+        })
+    }
+    fn spawn<'a>(
+        self: Arc<Self>,
+        ctx: &'a RunCtx,
+    ) -> BoxFuture<'a, Result<Vec<JoinHandle<()>>, BrokerError>> {
+        Box::pin(async move {
+            let mounts: Arc<[MountRt]> = self
+                .mounts
+                .iter()
+                .map(|m| MountRt {
+                    spec: m.clone_spec(),
+                    permits: Arc::new(Semaphore::new(m.concurrency.max(1))),
+                })
+                .collect();
+            let mut queues: Vec<QueueRt> = Vec::new();
+            for (i, m) in mounts.iter().enumerate() {
+                let q = match queues.iter_mut().position(|q| *q.name == *m.spec.queue) {
+                    Some(p) => &mut queues[p],
+                    None => {
+                        queues.push(QueueRt {
+                            name: Arc::from(m.spec.queue.as_str()),
+                            by_kind: HashMap::new(),
+                            every_kind: None,
+                            slots: 0,
+                        });
+                        queues.last_mut().expect("just pushed")
+                    }
+                };
+                match &m.spec.kind {
+                    Some(k) => {
+                        q.by_kind.insert(k.clone(), i);
+                    }
+                    None => q.every_kind = Some(i),
+                }
+                q.slots += m.spec.concurrency.max(1);
+            }
+            let mut handles = Vec::new();
+            for q in queues {
+                self.broker.prepare(&q.name).await?;
+                let worker = Worker {
+                    broker: self.broker.clone(),
+                    mounts: Arc::clone(&mounts),
+                    queue: Arc::new(q),
+                    ctx: ctx.clone(),
+                };
+                handles.push(tokio::spawn(worker.claim_loop()));
+            }
+            Ok(handles)
+        })
+    }
+    fn publish(&self, job: Job) -> BoxFuture<'_, Result<JobId, BrokerError>> {
+        Box::pin(async move {
+            let (queue, envelope, at) = job.into_parts(self.broker.clock().now());
+            let id = envelope.id().clone();
+            self.broker.publish(&queue, vec![(envelope, at)]).await?;
+            Ok(id)
+        })
+    }
+    fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>> {
+        Box::pin(self.broker.stats(queue))
+    }
+    fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        self.broker.next_due(queue)
+    }
+    fn dead_letters<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>> {
+        Box::pin(self.broker.dead_letters(dead, sel, limit))
+    }
+    fn replay<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+    ) -> BoxFuture<'a, Result<ReplayReport, BrokerError>> {
+        Box::pin(self.broker.replay(dead, sel))
+    }
+    fn purge<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+    ) -> BoxFuture<'a, Result<u64, BrokerError>> {
+        Box::pin(self.broker.purge(dead, sel))
+    }
+}
+
+impl MountSpec {
+    fn clone_spec(&self) -> MountSpec {
+        MountSpec {
+            subscriber: self.subscriber.clone(),
+            queue: self.queue.clone(),
+            kind: self.kind.clone(),
+            backend: self.backend,
+            handler: Arc::clone(&self.handler),
+            max_attempts: self.max_attempts,
+            dead_letter: self.dead_letter.clone(),
+            backoff: Arc::clone(&self.backoff),
+            concurrency: self.concurrency,
+            on_decode_error: self.on_decode_error,
+        }
+    }
+}
+
+/// One claim loop: a queue of one broker.
+struct Worker<B> {
+    broker: B,
+    mounts: Arc<[MountRt]>,
+    queue: Arc<QueueRt>,
+    ctx: RunCtx,
+}
+
+impl<B: Broker> Worker<B> {
+    async fn claim_loop(self) {
+        let this = Arc::new(self);
+        let slots = Arc::new(Semaphore::new(this.queue.slots));
+        let mut running: JoinSet<()> = JoinSet::new();
+        let mut stop = this.ctx.stop.clone();
+        let mut failures: u32 = 0;
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            while running.try_join_next().is_some() {}
+            let first = tokio::select! {
+                p = Arc::clone(&slots).acquire_owned() => p.expect("semaphore never closed"),
+                _ = stop.changed() => break,
+            };
+            let mut permits = vec![first];
+            while permits.len() < MAX_BATCH {
+                match Arc::clone(&slots).try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            // A claim is never cancelled half-way: it waits at most CLAIM_WAIT.
+            match this
+                .broker
+                .claim(&this.queue.name, permits.len(), CLAIM_WAIT)
+                .await
+            {
+                Ok(deliveries) => {
+                    if failures > 0 {
+                        tracing::info!(queue = %this.queue.name, "claiming again after {failures} failed attempts");
+                        failures = 0;
+                    }
+                    for d in deliveries {
+                        let permit = permits.pop().expect("no more deliveries than permits");
+                        let w = Arc::clone(&this);
+                        running.spawn(async move {
+                            w.process(d).await;
+                            drop(permit);
+                        });
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    let wait = Duration::from_millis(100u64.saturating_mul(1 << failures.min(6)))
+                        .min(Duration::from_secs(5));
+                    tracing::warn!(queue = %this.queue.name, error = %e, "claim failed; retrying in {wait:?}");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop.changed() => break,
+                    }
+                }
+            }
+        }
+        // Graceful shutdown: no more claims; running handlers get until the deadline.
+        if !running.is_empty() {
+            let n = running.len();
+            tracing::info!(queue = %this.queue.name, "waiting for {n} running handlers");
+            let all = async { while running.join_next().await.is_some() {} };
+            if tokio::time::timeout(this.ctx.shutdown_timeout, all)
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    queue = %this.queue.name,
+                    "{} handlers still running at the shutdown deadline: abandoned, their jobs come back after their lease",
+                    running.len()
+                );
+                running.abort_all();
+                while running.join_next().await.is_some() {}
+            }
+        }
+    }
+
+    fn mount_for(&self, kind: &str) -> Option<&MountRt> {
+        let i = self
+            .queue
+            .by_kind
+            .get(kind)
+            .copied()
+            .or(self.queue.every_kind)?;
+        Some(&self.mounts[i])
+    }
+
+    async fn process(&self, delivery: Delivery<B::Receipt>) {
+        let env = &delivery.envelope;
+        let span = tracing::info_span!(
+            "job",
+            queue = %self.queue.name,
+            kind = %env.kind(),
+            job_id = %env.id(),
+            attempt = env.attempt(),
+            request_id = env.headers().request_id.as_deref().unwrap_or(""),
+            trace = env.headers().trace.as_deref().unwrap_or(""),
+            subscriber = tracing::field::Empty,
+        );
+        async {
+            let Some(mount) = self.mount_for(env.kind()) else {
+                let target = self.broker.default_dead_letter(&self.queue.name);
+                let failure = Failure::new(
+                    FailureCause::UnknownKind,
+                    format!(
+                        "no handler for kind `{}` on queue `{}`: mount a subscriber with `kind = \"{}\"` (or one for every kind), then replay this dead letter",
+                        env.kind(),
+                        self.queue.name,
+                        env.kind()
+                    ),
+                    String::new(),
+                );
+                tracing::error!(dead_letter = %target, "{}", failure.error);
+                self.settle("", &delivery, Settlement::DeadLetter { target, failure }).await;
+                return;
+            };
+            let spec = &mount.spec;
+            tracing::Span::current().record("subscriber", spec.subscriber.as_str());
+            if let (Some(cap), Some(target)) = (spec.max_attempts, &spec.dead_letter) {
+                if env.attempt() > cap.get() {
+                    let failure = Failure::new(
+                        FailureCause::Poison,
+                        format!(
+                            "claimed {} times, more than max_attempts({cap}): a worker died while running it, so it is dead-lettered without running again",
+                            env.attempt()
+                        ),
+                        String::new(),
+                    );
+                    tracing::error!(dead_letter = %target, "{}", failure.error);
+                    let s = Settlement::DeadLetter { target: target.clone(), failure };
+                    self.settle(&spec.subscriber, &delivery, s).await;
+                    return;
+                }
+            }
+            let _slot = mount.permits.acquire().await.expect("semaphore never closed");
+            let ctx = Arc::new(JobContext::new(
+                Arc::clone(&self.queue.name),
+                env.clone(),
+                Arc::clone(&self.ctx.state),
+            ));
+            let run = CatchPanic::new(spec.handler.run(ctx));
+            let ran = self.with_renewal(&delivery, run).await;
+            let settlement = match ran {
+                Ok(Ran::Verdict(Verdict::Ack)) => Settlement::Ack,
+                Ok(Ran::Verdict(Verdict::Drop)) => {
+                    tracing::info!("dropped by its handler");
+                    Settlement::Drop
+                }
+                Ok(Ran::Verdict(Verdict::Failed(f, after))) => self.failed(spec, env, f, after),
+                Ok(Ran::Undecodable(f)) => match (&spec.on_decode_error, &spec.dead_letter) {
+                    (OnDecodeError::DeadLetter, Some(target)) => {
+                        tracing::error!(dead_letter = %target, error = %f.error, "undecodable payload dead-lettered");
+                        Settlement::DeadLetter { target: target.clone(), failure: f }
+                    }
+                    _ => self.failed(spec, env, f, None),
+                },
+                Err(panic) => self.failed(spec, env, panic, None),
+            };
+            self.settle(&spec.subscriber, &delivery, settlement).await;
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Runs `fut` while renewing the delivery's lease every third of it.
+    async fn with_renewal<T>(
+        &self,
+        delivery: &Delivery<B::Receipt>,
+        fut: impl Future<Output = T>,
+    ) -> T {
+        let every = self.broker.lease() / 3;
+        let renew = async {
+            loop {
+                tokio::time::sleep(every).await;
+                match self.broker.renew(&self.queue.name, &delivery.receipt).await {
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!(
+                        "lease lost while the handler runs: another worker may run this job; this worker's outcome will be discarded"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "could not renew the lease"),
+                }
+            }
+        };
+        tokio::select! {
+            out = fut => out,
+            never = renew => never,
+        }
+    }
+
+    /// A failed attempt: retried after the backoff (or the handler's delay), or dead-lettered
+    /// at the cap.
+    fn failed(
+        &self,
+        spec: &MountSpec,
+        env: &Envelope,
+        failure: Failure,
+        after: Option<Duration>,
+    ) -> Settlement {
+        match (spec.max_attempts, &spec.dead_letter) {
+            (Some(cap), Some(target)) if env.attempt() >= cap.get() => {
+                tracing::error!(
+                    dead_letter = %target,
+                    error = %failure.error,
+                    traceback = %failure.traceback,
+                    "attempt {} of {cap} failed: dead-lettered",
+                    env.attempt()
+                );
+                Settlement::DeadLetter {
+                    target: target.clone(),
+                    failure,
+                }
+            }
+            _ => {
+                let delay = after.unwrap_or_else(|| spec.backoff.delay(env.attempt()));
+                tracing::warn!(error = %failure.error, cause = %failure.cause, "attempt {} failed: retry in {delay:?}", env.attempt());
+                Settlement::Retry { delay, failure }
+            }
+        }
+    }
+
+    async fn settle(
+        &self,
+        subscriber: &str,
+        delivery: &Delivery<B::Receipt>,
+        settlement: Settlement,
+    ) {
+        for o in self.ctx.observers.iter() {
+            o.settled(
+                subscriber,
+                &self.queue.name,
+                &delivery.envelope,
+                &settlement,
+            );
+        }
+        let mut wait = Duration::from_millis(50);
+        for attempt in 1..=5 {
+            match self
+                .broker
+                .settle(&self.queue.name, delivery, settlement.clone())
+                .await
+            {
+                Ok(Settled::Done) => return,
+                Ok(Settled::LeaseLost) => {
+                    tracing::warn!(
+                        "the lease was lost before settling: the job was reclaimed by another worker, whose outcome stands; nothing changed"
+                    );
+                    return;
+                }
+                Err(e) if attempt < 5 => {
+                    tracing::warn!(error = %e, "could not settle; trying again in {wait:?}");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "could not settle: the job will be delivered again after its lease")
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! The service: an application's subscribers mounted on its brokers, started, run until a
+//! signal, and stopped gracefully.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::broker::{Broker, BrokerError, Problem};
+use crate::clock::Clock;
+use crate::envelope::{Job, JobId};
+use crate::extract::State;
+use crate::handler::BoxFuture;
+use crate::mount::{OnDecodeError, RouteBuilder};
+use crate::outcome::BoxError;
+use crate::runtime::{ErasedRoute, Observer, RouteRuntime, RunCtx};
+
+/// The application's name and version, for logs and the workers' names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppInfo {
+    /// The application's name.
+    pub name: String,
+    /// Its version.
+    pub version: String,
+}
+
+impl AppInfo {
+    /// `AppInfo::new("mailer", "0.1.0")`
+    pub fn new(name: impl Into<String>, version: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            version: version.into(),
+        }
+    }
+}
+
+/// Why a service did not start or did not stop cleanly.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServiceError {
+    /// The configuration has problems; every one is listed, each naming its mount and the fix.
+    #[error("the service `{app}` refuses to start:\n{}", list(.problems))]
+    Refused {
+        /// The application.
+        app: String,
+        /// Every problem found.
+        problems: Vec<Problem>,
+    },
+    /// An `on_startup` hook failed.
+    #[error("an on_startup hook of `{app}` failed: {source}")]
+    Startup {
+        /// The application.
+        app: String,
+        /// The hook's error.
+        source: BoxError,
+    },
+    /// A broker could not connect.
+    #[error("the {backend} broker could not connect: {source}")]
+    Connect {
+        /// The backend.
+        backend: &'static str,
+        /// Its error.
+        source: BrokerError,
+    },
+    /// The test harness cannot run this service as asked.
+    #[error("{0}")]
+    Harness(String),
+}
+
+fn list(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {}: {}", p.mount, p.message))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+type Hook = Box<dyn FnOnce() -> BoxFuture<'static, Result<(), BoxError>> + Send>;
+
+/// An application's jobs: brokers, the subscribers mounted on them, startup hooks and state.
+///
+/// ```no_run
+/// # use stagedoor_jobs::prelude::*;
+/// # async fn send(_: &String) -> HandlerOutcome { HandlerOutcome::ack() }
+/// # async fn main_() -> Result<(), stagedoor_jobs::ServiceError> {
+/// Service::new(AppInfo::new("mailer", "0.1.0"))
+///     .with_broker(MemoryBroker::new(), |b| {
+///         b.include(Subscriber::new("emails", send))
+///             .max_attempts(nonzero!(5u32))
+///             .dead_letter("emails.dead");
+///     })
+///     .run()
+///     .await
+/// # }
+/// ```
+pub struct Service {
+    pub(crate) app: AppInfo,
+    hooks: Vec<Hook>,
+    pub(crate) routes: Vec<Arc<dyn ErasedRoute>>,
+    state: State,
+    shutdown_timeout: Duration,
+    pub(crate) clock: Clock,
+    pub(crate) observers: Vec<Arc<dyn Observer>>,
+}
+
+impl fmt::Debug for Service {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Service")
+            .field("app", &self.app)
+            .field("routes", &self.routes.len())
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// A service with nothing mounted.
+    pub fn new(app: AppInfo) -> Self {
+        Self {
+            app,
+            hooks: Vec::new(),
+            routes: Vec::new(),
+            state: State::default(),
+            shutdown_timeout: Duration::from_secs(30),
+            clock: Clock::system(),
+            observers: Vec::new(),
+        }
+    }
+
+    /// Runs `hook` when the service starts, before any broker connects (create a table, run
+    /// migrations). A hook's error stops the start.
+    pub fn on_startup<F, Fut, E>(mut self, hook: F) -> Self
+    where
+        F: FnOnce(()) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<BoxError>,
+    {
+        self.hooks.push(Box::new(move || {
+            let fut = hook(());
+            Box::pin(async move { fut.await.map_err(Into::into) })
+        }));
+        self
+    }
+
+    /// Mounts subscribers on `broker` (a broker, or a route of one such as an SQL table).
+    pub fn with_broker<B: Broker>(
+        mut self,
+        broker: B,
+        mount: impl FnOnce(&mut RouteBuilder<B>),
+    ) -> Self {
+        let mut builder = RouteBuilder::new(broker);
+        mount(&mut builder);
+        self.routes.push(Arc::new(RouteRuntime::new(builder)));
+        self
+    }
+
+    /// Shares `value` with every handler: take it with the [`Data<T>`](crate::Data) extractor.
+    pub fn state<T: Any + Send + Sync>(mut self, value: T) -> Self {
+        self.state.insert(value);
+        self
+    }
+
+    /// How long a shutdown waits for running handlers (default 30 s). A handler still running
+    /// then is abandoned; its job comes back after its lease.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// The application.
+    pub fn app(&self) -> &AppInfo {
+        &self.app
+    }
+
+    /// Problems visible without any I/O: caps and dead letters, duplicates.
+    fn static_problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        let mut seen: Vec<(usize, &str, Option<&str>, &str)> = Vec::new();
+        for (r, route) in self.routes.iter().enumerate() {
+            for m in route.mounts() {
+                let who = format!("mount `{}` on queue `{}`", m.subscriber, m.queue);
+                let mut add = |message: String| {
+                    problems.push(Problem {
+                        mount: who.clone(),
+                        message,
+                    })
+                };
+                match (&m.max_attempts, &m.dead_letter) {
+                    (Some(n), None) => add(format!(
+                        "max_attempts({n}) is declared without a dead letter, so a job failing its last attempt would have nowhere to go: add `.dead_letter(\"{}\")`",
+                        route.default_dead_letter(&m.queue)
+                    )),
+                    (None, Some(d)) => add(format!(
+                        "dead_letter(\"{d}\") is declared without max_attempts, so nothing would ever reach it: add `.max_attempts(nonzero!(5u32))`"
+                    )),
+                    _ => {}
+                }
+                if m.dead_letter.as_deref() == Some(m.queue.as_str()) {
+                    add(format!(
+                        "the dead letter is the queue itself (`{}`), so a dead job would run again: name another, such as `{}`",
+                        m.queue,
+                        route.default_dead_letter(&m.queue)
+                    ));
+                }
+                if m.on_decode_error == OnDecodeError::DeadLetter && m.dead_letter.is_none() {
+                    add("on_decode_error(OnDecodeError::DeadLetter) needs a dead letter: add `.max_attempts(..)` and `.dead_letter(..)`".to_owned());
+                }
+                if m.concurrency == 0 {
+                    add("concurrency(0) would never run a handler: use 1 or more".to_owned());
+                }
+                let kind = m.kind.as_deref();
+                if let Some((_, _, _, other)) = seen
+                    .iter()
+                    .find(|(r2, q, k, _)| *r2 == r && *q == m.queue && *k == kind)
+                {
+                    add(format!(
+                        "`{other}` already subscribes to {} on this queue: a job must have one handler; give one of them another queue or `kind = \"..\"`",
+                        match kind {
+                            Some(k) => format!("kind `{k}`"),
+                            None => "every kind".to_owned(),
+                        }
+                    ));
+                }
+                seen.push((r, &m.queue, kind, &m.subscriber));
+            }
+        }
+        problems
+    }
+
+    /// Starts the service: runs the startup hooks, connects every broker, checks every mount
+    /// (refusing to start with the full list of problems), then starts claiming.
+    pub async fn start(mut self) -> Result<Running, ServiceError> {
+        let mut problems = self.static_problems();
+        for hook in std::mem::take(&mut self.hooks) {
+            hook().await.map_err(|source| ServiceError::Startup {
+                app: self.app.name.clone(),
+                source,
+            })?;
+        }
+        for route in &self.routes {
+            route
+                .connect()
+                .await
+                .map_err(|source| ServiceError::Connect {
+                    backend: route.backend(),
+                    source,
+                })?;
+        }
+        for route in &self.routes {
+            problems.extend(route.check().await);
+        }
+        if !problems.is_empty() {
+            return Err(ServiceError::Refused {
+                app: self.app.name.clone(),
+                problems,
+            });
+        }
+        for route in &self.routes {
+            for m in route.mounts() {
+                if m.max_attempts.is_none() {
+                    tracing::warn!(
+                        subscriber = %m.subscriber,
+                        queue = %m.queue,
+                        "no max_attempts on this mount: a job that always fails is retried forever; declare `.max_attempts(..)` with a `.dead_letter(..)`"
+                    );
+                }
+            }
+        }
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let ctx = RunCtx {
+            state: Arc::new(std::mem::take(&mut self.state)),
+            stop: stop_rx,
+            shutdown_timeout: self.shutdown_timeout,
+            observers: Arc::from(self.observers.clone()),
+        };
+        let mut tasks = Vec::new();
+        for route in &self.routes {
+            tasks.extend(Arc::clone(route).spawn(&ctx).await.map_err(|source| {
+                ServiceError::Connect {
+                    backend: route.backend(),
+                    source,
+                }
+            })?);
+        }
+        tracing::info!(app = %self.app.name, version = %self.app.version, "service started");
+        Ok(Running {
+            app: self.app,
+            stop: stop_tx,
+            tasks,
+            routes: self.routes,
+        })
+    }
+
+    /// Runs until SIGINT or SIGTERM, then shuts down gracefully: stops claiming and lets running
+    /// handlers finish within the shutdown timeout.
+    pub async fn run(self) -> Result<(), ServiceError> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Runs until `signal` completes, then shuts down gracefully.
+    pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<(), ServiceError> {
+        let running = self.start().await?;
+        signal.await;
+        running.shutdown().await;
+        Ok(())
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("SIGINT: shutting down"),
+        _ = term => tracing::info!("SIGTERM: shutting down"),
+    }
+}
+
+/// A started service. [`shutdown`](Running::shutdown) stops it gracefully.
+pub struct Running {
+    app: AppInfo,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    pub(crate) routes: Vec<Arc<dyn ErasedRoute>>,
+}
+
+impl fmt::Debug for Running {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Running")
+            .field("app", &self.app)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// Publishes a job through the broker that serves its queue (the first broker when none
+    /// mounts it).
+    pub async fn publish(&self, job: Job) -> Result<JobId, BrokerError> {
+        let route = self
+            .routes
+            .iter()
+            .find(|r| r.mounts().iter().any(|m| m.queue == job.queue()))
+            .or_else(|| self.routes.first())
+            .ok_or_else(|| BrokerError::UnknownQueue(job.queue().to_owned()))?;
+        route.publish(job).await
+    }
+
+    /// Stops claiming, waits for running handlers up to the shutdown timeout, and returns when
+    /// every worker loop has ended.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        tracing::info!(app = %self.app.name, "service stopped");
+    }
+}

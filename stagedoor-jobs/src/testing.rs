@@ -1,0 +1,334 @@
+//! `TestApp`: run the production service in a test, on a clock the test moves, and assert what
+//! happened to every job.
+//!
+//! ```
+//! use std::time::Duration;
+//! use stagedoor_jobs::prelude::*;
+//! use stagedoor_jobs::testing::Outcome;
+//!
+//! #[subscriber("emails")]
+//! async fn send(to: &String, Ctx(attempt): Ctx<keys::Attempt>) -> HandlerOutcome {
+//!     if attempt < Some(4) { HandlerOutcome::retry() } else { HandlerOutcome::ack() }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let service = Service::new(AppInfo::new("mailer", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
+//!     b.include(send)
+//!         .max_attempts(nonzero!(5u32))
+//!         .dead_letter("emails.dead")
+//!         .backoff(Exponential::new(Duration::from_secs(1), Duration::from_secs(60)));
+//! });
+//! let app = TestApp::start(service).await.unwrap();
+//! app.publish(Job::new("emails", "ada@example.com").unwrap()).await.unwrap();
+//! app.drain().await;
+//! // One advance runs the whole chain of delayed retries: 1 s, 2 s, 4 s.
+//! app.advance(Duration::from_secs(120)).await;
+//! let outcomes: Vec<_> = app.outcomes("send").into_iter().map(|r| r.outcome).collect();
+//! assert_eq!(outcomes.len(), 4);
+//! assert!(matches!(outcomes[3], Outcome::Acked));
+//! app.stop().await;
+//! # }
+//! ```
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::broker::{BrokerError, DeadLetter, DeadSelector, QueueStats, ReplayReport, Settlement};
+use crate::clock::Clock;
+use crate::envelope::{Envelope, Job, JobId};
+use crate::outcome::FailureCause;
+use crate::runtime::{ErasedRoute, Observer};
+use crate::service::{Running, Service, ServiceError};
+
+/// What happened to one delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// `ack()` (or `Ok(())`).
+    Acked,
+    /// `drop()`.
+    Dropped,
+    /// A failed attempt, to be retried after `delay`.
+    Retried {
+        /// The delay before the next attempt.
+        delay: Duration,
+        /// The error.
+        error: String,
+        /// What kind of failure.
+        cause: FailureCause,
+    },
+    /// Moved to the dead letter `target`.
+    DeadLettered {
+        /// The dead letter.
+        target: String,
+        /// The error.
+        error: String,
+        /// The traceback.
+        traceback: String,
+        /// What kind of failure.
+        cause: FailureCause,
+    },
+}
+
+/// One settled delivery, as recorded by the harness.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The subscriber that ran it (empty when none could: an unknown kind).
+    pub subscriber: String,
+    /// The queue.
+    pub queue: String,
+    /// The job id.
+    pub job_id: JobId,
+    /// The kind.
+    pub kind: String,
+    /// This delivery's attempt.
+    pub attempt: u32,
+    /// What happened.
+    pub outcome: Outcome,
+}
+
+#[derive(Default)]
+struct Recorder {
+    records: Mutex<Vec<Record>>,
+}
+
+impl Observer for Recorder {
+    fn settled(&self, subscriber: &str, queue: &str, envelope: &Envelope, settlement: &Settlement) {
+        let outcome = match settlement {
+            Settlement::Ack => Outcome::Acked,
+            Settlement::Drop => Outcome::Dropped,
+            Settlement::Retry { delay, failure } => Outcome::Retried {
+                delay: *delay,
+                error: failure.error.clone(),
+                cause: failure.cause,
+            },
+            Settlement::DeadLetter { target, failure } => Outcome::DeadLettered {
+                target: target.clone(),
+                error: failure.error.clone(),
+                traceback: failure.traceback.clone(),
+                cause: failure.cause,
+            },
+        };
+        self.records.lock().expect("recorder lock").push(Record {
+            subscriber: subscriber.to_owned(),
+            queue: queue.to_owned(),
+            job_id: envelope.id().clone(),
+            kind: envelope.kind().to_owned(),
+            attempt: envelope.attempt(),
+            outcome,
+        });
+    }
+}
+
+/// A running service under test. See the [module docs](self).
+pub struct TestApp {
+    running: Option<Running>,
+    routes: Vec<Arc<dyn ErasedRoute>>,
+    clock: Clock,
+    live: bool,
+    recorder: Arc<Recorder>,
+    /// The longest `drain` waits before it panics with what is still busy.
+    pub drain_timeout: Duration,
+}
+
+impl std::fmt::Debug for TestApp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestApp")
+            .field("live", &self.live)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestApp {
+    /// Starts `service` in this process on a paused clock: no delay passes until
+    /// [`advance`](Self::advance) moves it. Every broker of the service must be able to follow
+    /// the harness's clock (the in-memory broker does); for Redis or SQL use
+    /// [`start_live`](Self::start_live).
+    pub async fn start(mut service: Service) -> Result<Self, ServiceError> {
+        let clock = Clock::manual(Utc::now());
+        for route in &service.routes {
+            if !route.use_clock(&clock) {
+                return Err(ServiceError::Harness(format!(
+                    "TestApp::start runs on a paused clock, which the {} broker cannot follow (its server keeps its own time): use TestApp::start_live",
+                    route.backend()
+                )));
+            }
+        }
+        service.clock = clock.clone();
+        Self::launch(service, clock, false).await
+    }
+
+    /// Starts `service` on the real clock, against its real brokers: `advance(d)` waits `d`.
+    pub async fn start_live(service: Service) -> Result<Self, ServiceError> {
+        Self::launch(service, Clock::system(), true).await
+    }
+
+    async fn launch(mut service: Service, clock: Clock, live: bool) -> Result<Self, ServiceError> {
+        let recorder = Arc::new(Recorder::default());
+        service.observers.push(recorder.clone());
+        let routes = service.routes.clone();
+        let running = service.start().await?;
+        Ok(Self {
+            running: Some(running),
+            routes,
+            clock,
+            live,
+            recorder,
+            drain_timeout: Duration::from_secs(30),
+        })
+    }
+
+    /// The harness's time now.
+    pub fn now(&self) -> DateTime<Utc> {
+        if self.live {
+            Utc::now()
+        } else {
+            self.clock.now()
+        }
+    }
+
+    fn running(&self) -> &Running {
+        self.running.as_ref().expect("the TestApp is running")
+    }
+
+    /// Publishes a job as the service's own publisher would.
+    pub async fn publish(&self, job: Job) -> Result<JobId, BrokerError> {
+        self.running().publish(job).await
+    }
+
+    fn subscribed(&self) -> Vec<(&Arc<dyn ErasedRoute>, &str)> {
+        let mut out: Vec<(&Arc<dyn ErasedRoute>, &str)> = Vec::new();
+        for r in &self.routes {
+            for m in r.mounts() {
+                if !out
+                    .iter()
+                    .any(|(r2, q)| Arc::ptr_eq(r2, r) && *q == m.queue)
+                {
+                    out.push((r, &m.queue));
+                }
+            }
+        }
+        out
+    }
+
+    /// Runs until every subscribed queue is idle: nothing due, nothing running. Delayed jobs
+    /// stay delayed. Panics with what is still busy after [`drain_timeout`](Self::drain_timeout).
+    pub async fn drain(&self) {
+        let started = tokio::time::Instant::now();
+        loop {
+            let mut busy = Vec::new();
+            for (route, queue) in self.subscribed() {
+                match route.stats(queue).await {
+                    Ok(s) if s.ready == 0 && s.pending == 0 => {}
+                    Ok(s) => {
+                        busy.push(format!("{queue}: {} ready, {} running", s.ready, s.pending))
+                    }
+                    Err(e) => busy.push(format!("{queue}: {e}")),
+                }
+            }
+            if busy.is_empty() {
+                return;
+            }
+            if started.elapsed() > self.drain_timeout {
+                panic!(
+                    "TestApp::drain: still busy after {:?}: {}",
+                    self.drain_timeout,
+                    busy.join("; ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(if self.live { 20 } else { 1 })).await;
+        }
+    }
+
+    /// Moves time forward by `d`, and every delivery due within it happens, in order, including
+    /// chains of delayed retries (a backoff of 1, 2, 4, 8 s all runs within one
+    /// `advance(2 min)`). On a live app, waits `d` and drains.
+    pub async fn advance(&self, d: Duration) {
+        if self.live {
+            tokio::time::sleep(d).await;
+            self.drain().await;
+            return;
+        }
+        let target =
+            self.clock.now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        loop {
+            self.drain().await;
+            let next = self
+                .subscribed()
+                .iter()
+                .filter_map(|(r, q)| r.next_due(q))
+                .min();
+            match next {
+                Some(t) if t <= target => self.clock.set(t),
+                _ => break,
+            }
+        }
+        self.clock.set(target);
+        self.drain().await;
+    }
+
+    /// Every settled delivery of `subscriber`, in order.
+    pub fn outcomes(&self, subscriber: &str) -> Vec<Record> {
+        self.records()
+            .into_iter()
+            .filter(|r| r.subscriber == subscriber)
+            .collect()
+    }
+
+    /// Every settled delivery of the service, in order.
+    pub fn records(&self) -> Vec<Record> {
+        self.recorder.records.lock().expect("recorder lock").clone()
+    }
+
+    /// The dead letters in `dead`, newest first.
+    pub async fn dead_letters(&self, dead: &str) -> Vec<DeadLetter> {
+        self.route_for(dead)
+            .dead_letters(dead, &DeadSelector::All, usize::MAX)
+            .await
+            .expect("listing dead letters")
+    }
+
+    /// Replays the selected dead letters of `dead` to the queues they failed on.
+    pub async fn replay(&self, dead: &str, selector: DeadSelector) -> ReplayReport {
+        self.route_for(dead)
+            .replay(dead, &selector)
+            .await
+            .expect("replaying dead letters")
+    }
+
+    /// Purges the selected dead letters of `dead`.
+    pub async fn purge(&self, dead: &str, selector: DeadSelector) -> u64 {
+        self.route_for(dead)
+            .purge(dead, &selector)
+            .await
+            .expect("purging dead letters")
+    }
+
+    /// What `queue` holds now.
+    pub async fn stats(&self, queue: &str) -> QueueStats {
+        self.route_for(queue)
+            .stats(queue)
+            .await
+            .expect("queue stats")
+    }
+
+    fn route_for(&self, queue: &str) -> &Arc<dyn ErasedRoute> {
+        self.routes
+            .iter()
+            .find(|r| {
+                r.mounts()
+                    .iter()
+                    .any(|m| m.queue == queue || m.dead_letter.as_deref() == Some(queue))
+            })
+            .or_else(|| self.routes.first())
+            .expect("the service has a broker")
+    }
+
+    /// Stops the service gracefully.
+    pub async fn stop(mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown().await;
+        }
+    }
+}
