@@ -198,3 +198,37 @@ impl<E: Into<BoxError> + Send> IntoOutcome for Result<(), E> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("render failed for order 4471")]
+    struct Render(#[source] std::io::Error);
+
+    #[test]
+    fn err_keeps_its_source_chain() {
+        let r: Result<(), Render> = Err(Render(std::io::Error::other("SeatLabelInvalid: '14-C'")));
+        match r.into_verdict() {
+            Verdict::Failed(f, None) => {
+                assert_eq!(f.error, "render failed for order 4471");
+                assert_eq!(f.traceback, "caused by: SeatLabelInvalid: '14-C'");
+                assert_eq!(f.cause, FailureCause::Error);
+            }
+            other => panic!("expected a failed attempt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn outcomes_map_to_verdicts() {
+        assert!(matches!(HandlerOutcome::ack().into_verdict(), Verdict::Ack));
+        assert!(matches!(HandlerOutcome::drop().into_verdict(), Verdict::Drop));
+        assert!(matches!(HandlerOutcome::retry().into_verdict(), Verdict::Failed(_, None)));
+        let d = Duration::from_secs(3);
+        assert!(matches!(HandlerOutcome::retry_after(d).into_verdict(), Verdict::Failed(_, Some(x)) if x == d));
+        assert!(matches!(Ok::<(), std::io::Error>(()).into_verdict(), Verdict::Ack));
+        let r: Result<HandlerOutcome, BoxError> = Ok(HandlerOutcome::drop());
+        assert!(matches!(r.into_verdict(), Verdict::Drop));
+    }
+}

@@ -96,3 +96,27 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
         "a panic with a non-string payload".to_owned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_becomes_a_failure_with_its_location() {
+        let line = line!() + 2;
+        let fut = async {
+            panic!("seat label '14-C' is not a row letter");
+        };
+        let err = CatchPanic::new(fut).await.expect_err("the panic is caught");
+        assert_eq!(err.cause, FailureCause::Panic);
+        assert!(err.error.contains("seat label '14-C'"), "{}", err.error);
+        assert!(err.traceback.contains(&format!("panic.rs:{line}")), "{}", err.traceback);
+    }
+
+    #[tokio::test]
+    async fn a_formatted_panic_message_is_kept() {
+        let n = 7;
+        let err = CatchPanic::new(async move { panic!("order {n} broke") }).await.expect_err("caught");
+        assert_eq!(err.error, "panic: order 7 broke");
+    }
+}
