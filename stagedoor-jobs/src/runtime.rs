@@ -422,29 +422,32 @@ impl<B: Broker> Worker<B> {
         .await
     }
 
-    /// Runs `fut` while renewing the delivery's lease every third of it.
-    async fn with_renewal<T>(
-        &self,
-        delivery: &Delivery<B::Receipt>,
-        fut: impl Future<Output = T>,
-    ) -> T {
+    /// Runs `fut` while renewing the delivery's lease every third of it. A renewal under way
+    /// when `fut` completes is finished, never cancelled half-way, so a backend that moves its
+    /// fence on renewal always knows the fence it settles with.
+    async fn with_renewal<T>(&self, delivery: &Delivery<B::Receipt>, fut: impl Future<Output = T>) -> T {
         let every = self.broker.lease() / 3;
+        let (done_tx, mut done_rx) = watch::channel(false);
         let renew = async {
             loop {
-                tokio::time::sleep(every).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = done_rx.changed() => return,
+                }
                 match self.broker.renew(&self.queue.name, &delivery.receipt).await {
                     Ok(true) => {}
-                    Ok(false) => tracing::warn!(
-                        "lease lost while the handler runs: another worker may run this job; this worker's outcome will be discarded"
-                    ),
+                    Ok(false) => tracing::warn!("lease lost while the handler runs: another worker may run this job; this worker's outcome will be discarded"),
                     Err(e) => tracing::warn!(error = %e, "could not renew the lease"),
                 }
             }
         };
-        tokio::select! {
-            out = fut => out,
-            never = renew => never,
-        }
+        let work = async {
+            let out = fut.await;
+            let _ = done_tx.send(true);
+            out
+        };
+        let (out, ()) = tokio::join!(work, renew);
+        out
     }
 
     /// A failed attempt: retried after the backoff (or the handler's delay), or dead-lettered
