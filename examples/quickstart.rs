@@ -42,15 +42,24 @@ async fn send(mail: &Mail, Ctx(attempt): Ctx<keys::Attempt>) -> HandlerOutcome {
             HandlerOutcome::ack()
         }
         Err(Refusal::Busy) => {
-            println!("send    {:<22} attempt {attempt}: provider busy, retry in 200ms", mail.to);
+            println!(
+                "send    {:<22} attempt {attempt}: provider busy, retry in 200ms",
+                mail.to
+            );
             HandlerOutcome::retry_after(Duration::from_millis(200))
         }
         Err(Refusal::Unavailable) => {
-            println!("send    {:<22} attempt {attempt}: provider unavailable, retry", mail.to);
+            println!(
+                "send    {:<22} attempt {attempt}: provider unavailable, retry",
+                mail.to
+            );
             HandlerOutcome::retry()
         }
         Err(Refusal::Rejected) => {
-            println!("send    {:<22} attempt {attempt}: address rejected, dropped", mail.to);
+            println!(
+                "send    {:<22} attempt {attempt}: address rejected, dropped",
+                mail.to
+            );
             HandlerOutcome::drop()
         }
     }
@@ -58,7 +67,10 @@ async fn send(mail: &Mail, Ctx(attempt): Ctx<keys::Attempt>) -> HandlerOutcome {
 
 #[subscriber("emails.dead")]
 async fn review(mail: &Mail, Ctx(attempt): Ctx<keys::Attempt>) -> HandlerOutcome {
-    println!("review  {:<22} dead letter read (delivery {attempt:?}): needs a person", mail.to);
+    println!(
+        "review  {:<22} dead letter read (delivery {attempt:?}): needs a person",
+        mail.to
+    );
     HandlerOutcome::ack()
 }
 
@@ -76,15 +88,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .start()
         .await?;
 
-    for to in ["ada@example.com", "busy@example.com", "down@example.com", "nobody@example.com"] {
-        let mail = Mail { to: to.to_owned(), subject: "Your tickets".to_owned() };
-        running.publish(Job::new("emails", &mail)?.request_id(format!("req-{to}"))).await?;
+    for to in [
+        "ada@example.com",
+        "busy@example.com",
+        "down@example.com",
+        "nobody@example.com",
+    ] {
+        let mail = Mail {
+            to: to.to_owned(),
+            subject: "Your tickets".to_owned(),
+        };
+        running
+            .publish(Job::new("emails", &mail)?.request_id(format!("req-{to}")))
+            .await?;
     }
 
     // Wait until both queues are empty, then stop gracefully.
     loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let (main, dead) = (broker.stats("emails").await?, broker.stats("emails.dead").await?);
+        let (main, dead) = (
+            broker.stats("emails").await?,
+            broker.stats("emails.dead").await?,
+        );
         if main == Default::default() && dead == Default::default() {
             break;
         }

@@ -22,22 +22,30 @@ fn problems(err: ServiceError) -> Vec<Problem> {
 
 #[tokio::test]
 async fn every_problem_is_listed_at_once() {
-    let service = Service::new(AppInfo::new("checks", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
-        // cap without dead letter
-        b.include(Subscriber::new("a", ok)).max_attempts(nonzero!(3u32));
-        // dead letter without cap
-        b.include(Subscriber::new("b", ok)).dead_letter("b.dead");
-        // dead letter equal to its source
-        b.include(Subscriber::new("c", ok)).max_attempts(nonzero!(3u32)).dead_letter("c");
-        // two subscribers on one queue and kind
-        b.include(Subscriber::new("d", ok));
-        b.include(Subscriber::new("d", other));
-        // decode policy without a dead letter
-        b.include(Subscriber::new("e", ok)).on_decode_error(OnDecodeError::DeadLetter);
-        // concurrency 0
-        b.include(Subscriber::new("f", ok)).concurrency(0);
-    });
-    let err = service.start().await.expect_err("the service must refuse to start");
+    let service =
+        Service::new(AppInfo::new("checks", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
+            // cap without dead letter
+            b.include(Subscriber::new("a", ok))
+                .max_attempts(nonzero!(3u32));
+            // dead letter without cap
+            b.include(Subscriber::new("b", ok)).dead_letter("b.dead");
+            // dead letter equal to its source
+            b.include(Subscriber::new("c", ok))
+                .max_attempts(nonzero!(3u32))
+                .dead_letter("c");
+            // two subscribers on one queue and kind
+            b.include(Subscriber::new("d", ok));
+            b.include(Subscriber::new("d", other));
+            // decode policy without a dead letter
+            b.include(Subscriber::new("e", ok))
+                .on_decode_error(OnDecodeError::DeadLetter);
+            // concurrency 0
+            b.include(Subscriber::new("f", ok)).concurrency(0);
+        });
+    let err = service
+        .start()
+        .await
+        .expect_err("the service must refuse to start");
     let text = err.to_string();
     let problems = problems(err);
     assert_eq!(problems.len(), 6, "{text}");
@@ -49,22 +57,43 @@ async fn every_problem_is_listed_at_once() {
             .message
             .clone()
     };
-    assert!(find("a").contains("add `.dead_letter(\"a.dead\")`"), "{text}");
-    assert!(find("b").contains("add `.max_attempts(nonzero!(5u32))`"), "{text}");
-    assert!(find("c").contains("the dead letter is the queue itself"), "{text}");
-    assert!(find("d").contains("`ok` already subscribes to every kind"), "{text}");
-    assert!(problems.iter().any(|p| p.mount == "mount `other` on queue `d`"), "{text}");
+    assert!(
+        find("a").contains("add `.dead_letter(\"a.dead\")`"),
+        "{text}"
+    );
+    assert!(
+        find("b").contains("add `.max_attempts(nonzero!(5u32))`"),
+        "{text}"
+    );
+    assert!(
+        find("c").contains("the dead letter is the queue itself"),
+        "{text}"
+    );
+    assert!(
+        find("d").contains("`ok` already subscribes to every kind"),
+        "{text}"
+    );
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.mount == "mount `other` on queue `d`"),
+        "{text}"
+    );
     assert!(find("e").contains("needs a dead letter"), "{text}");
     assert!(find("f").contains("concurrency(0)"), "{text}");
-    assert!(text.starts_with("the service `checks` refuses to start:"), "{text}");
+    assert!(
+        text.starts_with("the service `checks` refuses to start:"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
 async fn different_kinds_on_one_queue_are_fine() {
-    let service = Service::new(AppInfo::new("kinds", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
-        b.include(Subscriber::new("jobs", ok).kind("send_email"));
-        b.include(Subscriber::new("jobs", other).kind("render_tickets"));
-    });
+    let service =
+        Service::new(AppInfo::new("kinds", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
+            b.include(Subscriber::new("jobs", ok).kind("send_email"));
+            b.include(Subscriber::new("jobs", other).kind("render_tickets"));
+        });
     let running = service.start().await.expect("two kinds on one queue start");
     running.shutdown().await;
 }
@@ -76,7 +105,10 @@ async fn a_failing_startup_hook_stops_the_start() {
         .with_broker(MemoryBroker::new(), |b| {
             b.include(Subscriber::new("x", ok));
         });
-    let err = service.start().await.expect_err("a failed hook stops the start");
+    let err = service
+        .start()
+        .await
+        .expect_err("a failed hook stops the start");
     assert!(matches!(err, ServiceError::Startup { .. }), "{err}");
     assert!(err.to_string().contains("no table"), "{err}");
 }

@@ -42,6 +42,8 @@ pub struct Table {
     pub last_error: Option<Column>,
     /// The job's headers as JSON text (kind, job id, request id, trace, origin of a dead letter).
     pub headers: Option<Column>,
+    /// Every column of the row, roles or not (a dead letter moved to another table keeps all).
+    pub columns: &'static [&'static str],
 }
 
 /// One column of a job table.
@@ -160,7 +162,15 @@ mod tests {
         for ok in ["mail_jobs", "_x", "T1", "a".repeat(63).as_str()] {
             assert!(is_plain_identifier(ok), "{ok}");
         }
-        for bad in ["", "1x", "mail-jobs", "a b", "x\"; DROP TABLE y; --", "é", "a".repeat(64).as_str()] {
+        for bad in [
+            "",
+            "1x",
+            "mail-jobs",
+            "a b",
+            "x\"; DROP TABLE y; --",
+            "é",
+            "a".repeat(64).as_str(),
+        ] {
             assert!(!is_plain_identifier(bad), "{bad}");
         }
     }

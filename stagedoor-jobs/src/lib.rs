@@ -48,6 +48,7 @@ mod clock;
 mod envelope;
 mod extract;
 mod handler;
+pub mod inbox;
 mod mount;
 mod outcome;
 mod panic;
@@ -68,6 +69,7 @@ pub use clock::Clock;
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt};
 pub use extract::{Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
 pub use handler::{BoxFuture, Handler, HandlerFn};
+pub use inbox::Inbox;
 pub use mount::{
     DEFAULT_CONCURRENCY, Mount, OnDecodeError, RouteBuilder, Set, Undeclared, Unset, steps,
 };
@@ -116,12 +118,31 @@ pub mod __private {
     pub use crate::outcome::IntoOutcome;
     pub use crate::subscription::{ByName, IntoSubscriber, QueueDescriptor, Subscriber};
 
+    /// What a message type must be; its own trait so that the error names the fix.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be a job's message",
+        label = "not a message",
+        note = "a message is decoded from the job's payload: derive `serde::Deserialize` for `{Self}`; it is owned data (`Send + Sync + 'static`)"
+    )]
+    pub trait Message: serde::de::DeserializeOwned + Send + Sync + 'static {}
+    impl<T: serde::de::DeserializeOwned + Send + Sync + 'static> Message for T {}
+
+    /// What the type of a `#[subscriber(Type::new(..))]` queue must be; its own trait so that
+    /// the error names the fix.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is not a queue descriptor",
+        label = "not a queue",
+        note = "the queue is a name (`\"emails\"`) or a queue descriptor (`Stream::new(\"jobs\")`): implement `stagedoor_jobs::QueueDescriptor` for `{Self}`, or subscribe by name"
+    )]
+    pub trait Queue: QueueDescriptor {}
+    impl<T: QueueDescriptor> Queue for T {}
+
     /// Compile-time check that `T` is an extractor (spanned on the argument by the macro).
     pub const fn assert_extractor<T: FromJob>() {}
     /// Compile-time check that `T` is a handler result (spanned on the return type).
     pub const fn assert_outcome<T: IntoOutcome>() {}
     /// Compile-time check that `T` can be a message.
-    pub const fn assert_message<T: serde::de::DeserializeOwned + Send + Sync + 'static>() {}
+    pub const fn assert_message<T: Message>() {}
     /// Compile-time check that `T` is a queue descriptor.
-    pub const fn assert_queue<T: QueueDescriptor>() {}
+    pub const fn assert_queue<T: Queue>() {}
 }

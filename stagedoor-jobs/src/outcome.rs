@@ -223,11 +223,22 @@ mod tests {
     #[test]
     fn outcomes_map_to_verdicts() {
         assert!(matches!(HandlerOutcome::ack().into_verdict(), Verdict::Ack));
-        assert!(matches!(HandlerOutcome::drop().into_verdict(), Verdict::Drop));
-        assert!(matches!(HandlerOutcome::retry().into_verdict(), Verdict::Failed(_, None)));
+        assert!(matches!(
+            HandlerOutcome::drop().into_verdict(),
+            Verdict::Drop
+        ));
+        assert!(matches!(
+            HandlerOutcome::retry().into_verdict(),
+            Verdict::Failed(_, None)
+        ));
         let d = Duration::from_secs(3);
-        assert!(matches!(HandlerOutcome::retry_after(d).into_verdict(), Verdict::Failed(_, Some(x)) if x == d));
-        assert!(matches!(Ok::<(), std::io::Error>(()).into_verdict(), Verdict::Ack));
+        assert!(
+            matches!(HandlerOutcome::retry_after(d).into_verdict(), Verdict::Failed(_, Some(x)) if x == d)
+        );
+        assert!(matches!(
+            Ok::<(), std::io::Error>(()).into_verdict(),
+            Verdict::Ack
+        ));
         let r: Result<HandlerOutcome, BoxError> = Ok(HandlerOutcome::drop());
         assert!(matches!(r.into_verdict(), Verdict::Drop));
     }

@@ -110,13 +110,19 @@ mod tests {
         let err = CatchPanic::new(fut).await.expect_err("the panic is caught");
         assert_eq!(err.cause, FailureCause::Panic);
         assert!(err.error.contains("seat label '14-C'"), "{}", err.error);
-        assert!(err.traceback.contains(&format!("panic.rs:{line}")), "{}", err.traceback);
+        assert!(
+            err.traceback.contains(&format!("panic.rs:{line}")),
+            "{}",
+            err.traceback
+        );
     }
 
     #[tokio::test]
     async fn a_formatted_panic_message_is_kept() {
         let n = 7;
-        let err = CatchPanic::new(async move { panic!("order {n} broke") }).await.expect_err("caught");
+        let err = CatchPanic::new(async move { panic!("order {n} broke") })
+            .await
+            .expect_err("caught");
         assert_eq!(err.error, "panic: order 7 broke");
     }
 }

@@ -132,16 +132,16 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                 .collect();
             let mut problems = Vec::new();
             for m in &infos {
-                if let Some(b) = m.backend {
-                    if b != self.broker.backend() {
-                        problems.push(Problem {
+                if let Some(b) = m.backend
+                    && b != self.broker.backend()
+                {
+                    problems.push(Problem {
                             mount: format!("mount `{}` on queue `{}`", m.subscriber, m.queue),
                             message: format!(
                                 "its queue descriptor belongs to the {b} backend, but it is mounted on a {} broker: mount it there, or subscribe by name",
                                 self.broker.backend()
                             ),
                         });
-                    }
                 }
             }
             problems.extend(self.broker.check(&infos).await);
@@ -376,8 +376,9 @@ impl<B: Broker> Worker<B> {
             };
             let spec = &mount.spec;
             tracing::Span::current().record("subscriber", spec.subscriber.as_str());
-            if let (Some(cap), Some(target)) = (spec.max_attempts, &spec.dead_letter) {
-                if env.attempt() > cap.get() {
+            if let (Some(cap), Some(target)) = (spec.max_attempts, &spec.dead_letter)
+                && env.attempt() > cap.get()
+            {
                     let failure = Failure::new(
                         FailureCause::Poison,
                         format!(
@@ -390,7 +391,6 @@ impl<B: Broker> Worker<B> {
                     let s = Settlement::DeadLetter { target: target.clone(), failure };
                     self.settle(&spec.subscriber, &delivery, s).await;
                     return;
-                }
             }
             let _slot = mount.permits.acquire().await.expect("semaphore never closed");
             let ctx = Arc::new(JobContext::new(
@@ -425,7 +425,11 @@ impl<B: Broker> Worker<B> {
     /// Runs `fut` while renewing the delivery's lease every third of it. A renewal under way
     /// when `fut` completes is finished, never cancelled half-way, so a backend that moves its
     /// fence on renewal always knows the fence it settles with.
-    async fn with_renewal<T>(&self, delivery: &Delivery<B::Receipt>, fut: impl Future<Output = T>) -> T {
+    async fn with_renewal<T>(
+        &self,
+        delivery: &Delivery<B::Receipt>,
+        fut: impl Future<Output = T>,
+    ) -> T {
         let every = self.broker.lease() / 3;
         let (done_tx, mut done_rx) = watch::channel(false);
         let renew = async {
@@ -436,7 +440,9 @@ impl<B: Broker> Worker<B> {
                 }
                 match self.broker.renew(&self.queue.name, &delivery.receipt).await {
                     Ok(true) => {}
-                    Ok(false) => tracing::warn!("lease lost while the handler runs: another worker may run this job; this worker's outcome will be discarded"),
+                    Ok(false) => tracing::warn!(
+                        "lease lost while the handler runs: another worker may run this job; this worker's outcome will be discarded"
+                    ),
                     Err(e) => tracing::warn!(error = %e, "could not renew the lease"),
                 }
             }

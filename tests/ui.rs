@@ -1,0 +1,18 @@
+//! Compile-time guarantees of stagedoor-jobs, checked with trybuild:
+//!
+//! - `ui/subscriber/`: misuses of `#[subscriber]`, one per file, each failing with a message
+//!   that names the fix, on the offending tokens;
+//! - `ui/mount/`: mounts that must not compile (a step declared twice, a cap of 0, a typed
+//!   queue on a broker of another backend);
+//! - `ui/pass/`: legal code that looks like a misuse, which must keep compiling (and run).
+//!
+//! Regenerate the expected errors with `TRYBUILD=overwrite cargo test --test ui`, then read
+//! every changed `.stderr`.
+
+#[test]
+fn ui() {
+    let t = trybuild::TestCases::new();
+    t.pass("tests/ui/pass/*.rs");
+    t.compile_fail("tests/ui/subscriber/*.rs");
+    t.compile_fail("tests/ui/mount/*.rs");
+}

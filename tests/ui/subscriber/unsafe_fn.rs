@@ -1,0 +1,15 @@
+use serde::Deserialize;
+use stagedoor_jobs::prelude::*;
+
+#[derive(Deserialize)]
+struct Mail {
+    to: String,
+}
+
+#[subscriber("emails")]
+async unsafe fn send(mail: &Mail) -> HandlerOutcome {
+    let _ = &mail.to;
+    HandlerOutcome::ack()
+}
+
+fn main() {}
