@@ -1,1 +1,39 @@
-//! The SQL backend of stagedoor-jobs: `#[derive(Inbox)]` tables on SQLite and Postgres through sqlx. Built in a later issue.
+//! # stagedoor-jobs-sqlx
+//!
+//! The SQL backend of stagedoor-jobs: jobs are rows of a table whose struct carries
+//! `#[derive(Inbox)]`, on SQLite (embedded, no server) or Postgres, through sqlx.
+//!
+//! - A claim leases due rows (`locked_until = now + lease`) and counts the attempt in the same
+//!   statement; Postgres claims in batches with `FOR UPDATE SKIP LOCKED`.
+//! - Settlements are fenced on the lease they claimed with: a worker whose lease was lost
+//!   cannot overwrite the row's new owner.
+//! - `retry_after` hides a row until it is due; dead letters move to a group of the same table
+//!   (`emails.dead`) or, for a table without a group column, to a table with the same columns.
+//! - Postgres workers wake on `LISTEN/NOTIFY`; SQLite polls.
+//!
+//! ```no_run
+//! # use stagedoor_jobs_sqlx::{SqlxBroker, InboxQueue};
+//! # use sqlx::sqlite::SqlitePoolOptions;
+//! // Nothing connects here: the pool is built when the service starts.
+//! let broker = SqlxBroker::from_url("sqlite://mail.db?mode=rwc", SqlitePoolOptions::new());
+//! ```
+
+mod broker;
+mod headers;
+mod queue;
+mod route;
+mod sql;
+
+pub use broker::SqlxBroker;
+pub use queue::InboxQueue;
+pub use route::{SqlReceipt, SqlxRoute};
+pub use stagedoor_jobs::Inbox;
+// pub use stagedoor_jobs_macros::Inbox; (derive: lands with the macro)
+
+/// Everything a mailer needs: `use stagedoor_jobs_sqlx::prelude::*;`.
+pub mod prelude {
+    pub use crate::{Inbox, InboxQueue, SqlxBroker};
+    pub use chrono::{DateTime, Utc};
+    pub use stagedoor_jobs::prelude::*;
+    pub use std::time::Duration;
+}

@@ -316,9 +316,9 @@ pub trait Broker: Clone + Send + Sync + 'static {
 
     /// When the next delayed job of `queue` is due, if the broker can tell cheaply (the harness
     /// uses it to step its clock through chains of delayed retries).
-    fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+    fn next_due(&self, queue: &str) -> impl Future<Output = Option<DateTime<Utc>>> + Send {
         let _ = queue;
-        None
+        async { None }
     }
 }
 

@@ -501,7 +501,7 @@ impl Broker for MemoryBroker {
         true
     }
 
-    fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
         Self::next_due_locked(&self.mem(), queue)
     }
 }

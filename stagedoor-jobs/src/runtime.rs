@@ -55,7 +55,7 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<JoinHandle<()>>, BrokerError>>;
     fn publish(&self, job: Job) -> BoxFuture<'_, Result<JobId, BrokerError>>;
     fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>>;
-    fn next_due(&self, queue: &str) -> Option<DateTime<Utc>>;
+    fn next_due<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Option<DateTime<Utc>>>;
     fn dead_letters<'a>(
         &'a self,
         dead: &'a str,
@@ -208,8 +208,8 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
     fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>> {
         Box::pin(self.broker.stats(queue))
     }
-    fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-        self.broker.next_due(queue)
+    fn next_due<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Option<DateTime<Utc>>> {
+        Box::pin(self.broker.next_due(queue))
     }
     fn dead_letters<'a>(
         &'a self,

@@ -254,11 +254,12 @@ impl TestApp {
             self.clock.now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
         loop {
             self.drain().await;
-            let next = self
-                .subscribed()
-                .iter()
-                .filter_map(|(r, q)| r.next_due(q))
-                .min();
+            let mut next: Option<DateTime<Utc>> = None;
+            for (r, q) in self.subscribed() {
+                if let Some(t) = r.next_due(q).await {
+                    next = Some(next.map_or(t, |n| n.min(t)));
+                }
+            }
             match next {
                 Some(t) if t <= target => self.clock.set(t),
                 _ => break,

@@ -1,0 +1,152 @@
+//! `SqlxBroker<DB>`: a connection pool (built when the service starts) and its settings.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::pool::PoolOptions;
+use sqlx::{Database, Pool};
+use stagedoor_jobs::{BrokerError, Clock, Inbox};
+use tokio::sync::{Notify, OnceCell};
+
+use crate::route::SqlxRoute;
+
+pub(crate) enum Source<DB: Database> {
+    Url(String, PoolOptions<DB>),
+    Pool(Pool<DB>),
+}
+
+pub(crate) struct Shared<DB: Database> {
+    pub(crate) source: Mutex<Option<Source<DB>>>,
+    pub(crate) pool: OnceCell<Pool<DB>>,
+    /// Woken when this process publishes or settles, and on Postgres notifications.
+    pub(crate) wake: Notify,
+    pub(crate) clock: Mutex<Clock>,
+    pub(crate) listening: std::sync::atomic::AtomicBool,
+    pub(crate) url_for_messages: String,
+}
+
+/// A job database: SQLite (embedded) or Postgres. Cheap to clone. Make a route per job table
+/// with [`route`](Self::route).
+pub struct SqlxBroker<DB: Database> {
+    pub(crate) shared: Arc<Shared<DB>>,
+    pub(crate) lease: Duration,
+    pub(crate) poll: Duration,
+}
+
+impl<DB: Database> Clone for SqlxBroker<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            lease: self.lease,
+            poll: self.poll,
+        }
+    }
+}
+
+impl<DB: Database> fmt::Debug for SqlxBroker<DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlxBroker")
+            .field("database", &DB::NAME)
+            .field("url", &self.shared.url_for_messages)
+            .field("lease", &self.lease)
+            .field("poll", &self.poll)
+            .finish()
+    }
+}
+
+/// A URL with its password masked, for messages.
+pub(crate) fn mask_password(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.find(':') {
+                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl<DB: Database> SqlxBroker<DB> {
+    fn with_source(source: Source<DB>, url_for_messages: String) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                source: Mutex::new(Some(source)),
+                pool: OnceCell::new(),
+                wake: Notify::new(),
+                clock: Mutex::new(Clock::system()),
+                listening: std::sync::atomic::AtomicBool::new(false),
+                url_for_messages,
+            }),
+            lease: Duration::from_secs(30),
+            poll: Duration::from_millis(200),
+        }
+    }
+
+    /// A broker for the database at `url`, with a pool built from `options` when the service
+    /// starts. No I/O happens here; a wrong URL is reported at start.
+    pub fn from_url(url: impl Into<String>, options: PoolOptions<DB>) -> Self {
+        let url = url.into();
+        let masked = mask_password(&url);
+        Self::with_source(Source::Url(url, options), masked)
+    }
+
+    /// A broker over an existing pool.
+    pub fn new(pool: Pool<DB>) -> Self {
+        Self::with_source(Source::Pool(pool), String::from("(a pool)"))
+    }
+
+    /// How long a claim holds a row (default 30 s). The runtime renews it every third of it
+    /// while the handler runs; a row whose worker died is claimed again after it.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How often an idle worker looks for due rows when nothing woke it (default 200 ms).
+    /// Postgres workers also wake on `NOTIFY`, SQLite workers of the same process on publish.
+    pub fn poll_interval(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// A route for the job table of `Row`: mount subscribers on it with
+    /// `Service::with_broker(broker.route::<Row>("emails"), |b| ..)`. `group` is the queue that
+    /// [`SqlxRoute::publish`] uses when a job names none of its own.
+    pub fn route<Row: Inbox>(&self, group: impl Into<String>) -> SqlxRoute<DB, Row>
+    where
+        DB: crate::route::Dialect,
+    {
+        SqlxRoute::new(self.clone(), group.into())
+    }
+
+    /// The pool, once the service has started.
+    pub fn pool(&self) -> Option<&Pool<DB>> {
+        self.shared.pool.get()
+    }
+
+    pub(crate) fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        let t = self.shared.clock.lock().expect("clock lock").now();
+        // Microseconds: what Postgres stores, so a value read back compares equal.
+        chrono::DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t)
+    }
+
+    pub(crate) fn clock(&self) -> Clock {
+        self.shared.clock.lock().expect("clock lock").clone()
+    }
+
+    pub(crate) fn set_clock(&self, clock: &Clock) {
+        *self.shared.clock.lock().expect("clock lock") = clock.clone();
+        self.shared.wake.notify_waiters();
+    }
+
+    pub(crate) fn connected_pool(&self) -> Result<&Pool<DB>, BrokerError> {
+        self.shared.pool.get().ok_or(BrokerError::NotConnected)
+    }
+
+    pub(crate) fn take_source(&self) -> Option<Source<DB>> {
+        self.shared.source.lock().expect("source lock").take()
+    }
+}

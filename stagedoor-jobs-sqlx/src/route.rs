@@ -1,0 +1,970 @@
+//! `SqlxRoute<DB, Row>`: one job table of a database, and the [`Broker`] implementation.
+//!
+//! The implementation is written once and stamped for SQLite and Postgres by a macro, so each
+//! runs against its driver's concrete types.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::{AssertSqlSafe, Database, Row as _};
+use stagedoor_jobs::broker::{
+    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, QueueStats,
+    ReplayReport, Settled, Settlement,
+};
+use stagedoor_jobs::inbox::{ColumnType, Table, is_plain_identifier};
+use stagedoor_jobs::{Clock, Envelope, Inbox, Job, JobId};
+
+use crate::broker::{Source, SqlxBroker};
+use crate::headers::HeaderDoc;
+use crate::sql::{P, Statements, Stmt, validate};
+
+#[allow(unreachable_pub)]
+pub(crate) mod sealed {
+    use crate::sql::Flavor;
+    pub trait Sealed {
+        const FLAVOR: Flavor;
+    }
+    impl Sealed for sqlx::Sqlite {
+        const FLAVOR: Flavor = Flavor::Sqlite;
+    }
+    impl Sealed for sqlx::Postgres {
+        const FLAVOR: Flavor = Flavor::Postgres;
+    }
+}
+
+/// The databases this backend speaks: `sqlx::Sqlite` and `sqlx::Postgres`.
+pub trait Dialect: Database + sealed::Sealed {}
+impl Dialect for sqlx::Sqlite {}
+impl Dialect for sqlx::Postgres {}
+
+/// A claimed row: its id and the lease it holds (the fence every settlement checks).
+#[derive(Debug)]
+pub struct SqlReceipt {
+    id: IdValue,
+    lease: Mutex<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum IdValue {
+    Int(i64),
+    Text(String),
+}
+
+impl IdValue {
+    fn parse(table: &Table, text: &str) -> Result<Self, BrokerError> {
+        match table.id.ty {
+            ColumnType::Integer => {
+                text.parse()
+                    .map(IdValue::Int)
+                    .map_err(|_| BrokerError::Malformed {
+                        id: text.to_owned(),
+                        reason: "an integer id column held a non-integer".to_owned(),
+                    })
+            }
+            _ => Ok(IdValue::Text(text.to_owned())),
+        }
+    }
+}
+
+/// The values one statement may bind.
+#[derive(Default)]
+pub(crate) struct Vals {
+    id: Option<IdValue>,
+    lease: Option<DateTime<Utc>>,
+    new_lease: Option<DateTime<Utc>>,
+    group: Option<String>,
+    target: Option<String>,
+    now: Option<DateTime<Utc>>,
+    due: Option<DateTime<Utc>>,
+    limit: i64,
+    error: Option<String>,
+    headers: Option<String>,
+    payload: Vec<u8>,
+    enqueued_at: Option<DateTime<Utc>>,
+    job_id: Option<String>,
+}
+
+/// One row as read back: id, attempt, payload, lease, due, last error, headers, enqueued at.
+pub(crate) struct RowRead {
+    id: String,
+    attempt: i64,
+    payload: Vec<u8>,
+    lease: Option<DateTime<Utc>>,
+    due: Option<DateTime<Utc>>,
+    last_error: Option<String>,
+    headers: Option<String>,
+    enqueued_at: Option<DateTime<Utc>>,
+}
+
+struct RouteInner {
+    stmts: Result<Arc<Statements>, Vec<String>>,
+    dead_tables: Mutex<HashMap<String, Arc<Statements>>>,
+    origins: Mutex<HashMap<String, String>>,
+}
+
+/// One job table of a [`SqlxBroker`]: mount subscribers on it, publish into it.
+pub struct SqlxRoute<DB: Database, Row> {
+    broker: SqlxBroker<DB>,
+    default_group: Arc<str>,
+    inner: Arc<RouteInner>,
+    _row: PhantomData<fn() -> Row>,
+}
+
+impl<DB: Database, Row> Clone for SqlxRoute<DB, Row> {
+    fn clone(&self) -> Self {
+        Self {
+            broker: self.broker.clone(),
+            default_group: Arc::clone(&self.default_group),
+            inner: Arc::clone(&self.inner),
+            _row: PhantomData,
+        }
+    }
+}
+
+impl<DB: Database, Row> fmt::Debug for SqlxRoute<DB, Row> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlxRoute")
+            .field("row", &std::any::type_name::<Row>())
+            .field("group", &self.default_group)
+            .field("broker", &self.broker)
+            .finish()
+    }
+}
+
+impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
+    pub(crate) fn new(broker: SqlxBroker<DB>, group: String) -> Self {
+        let problems = validate(&Row::TABLE);
+        let stmts = if problems.is_empty() {
+            Ok(Arc::new(Statements::new(
+                Row::TABLE,
+                <DB as sealed::Sealed>::FLAVOR,
+            )))
+        } else {
+            Err(problems)
+        };
+        Self {
+            broker,
+            default_group: Arc::from(group),
+            inner: Arc::new(RouteInner {
+                stmts,
+                dead_tables: Mutex::new(HashMap::new()),
+                origins: Mutex::new(HashMap::new()),
+            }),
+            _row: PhantomData,
+        }
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> &SqlxBroker<DB> {
+        &self.broker
+    }
+
+    /// The group jobs go to when they name none (the route's name).
+    pub fn default_group(&self) -> &str {
+        &self.default_group
+    }
+
+    fn stmts(&self) -> Result<&Arc<Statements>, BrokerError> {
+        self.inner
+            .stmts
+            .as_ref()
+            .map_err(|p| BrokerError::Backend(p.join("; ")))
+    }
+
+    /// Whether the table has a group column (dead letters are groups), or dead letters are
+    /// other tables.
+    fn grouped(&self) -> bool {
+        Row::TABLE.group.is_some()
+    }
+
+    /// The statements of the dead-letter table `name`, validated and cached.
+    fn dead_table(&self, name: &str) -> Result<Arc<Statements>, BrokerError> {
+        if let Some(s) = self.inner.dead_tables.lock().expect("lock").get(name) {
+            return Ok(Arc::clone(s));
+        }
+        if !is_plain_identifier(name) {
+            return Err(BrokerError::UnknownQueue(format!(
+                "{name} (a dead-letter table must be a plain SQL identifier)"
+            )));
+        }
+        let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+        let s = Arc::new(
+            self.stmts()?
+                .for_table(leaked, <DB as sealed::Sealed>::FLAVOR),
+        );
+        self.inner
+            .dead_tables
+            .lock()
+            .expect("lock")
+            .insert(name.to_owned(), Arc::clone(&s));
+        Ok(s)
+    }
+
+    /// The statements that read queue `name`: the table's own for a group (or for the table's
+    /// own name), a dead-letter table's otherwise.
+    fn stmts_for(&self, name: &str) -> Result<Arc<Statements>, BrokerError> {
+        if self.grouped() || name == Row::TABLE.name || name == &*self.default_group {
+            Ok(Arc::clone(self.stmts()?))
+        } else {
+            self.dead_table(name)
+        }
+    }
+
+    fn origin_of(&self, dead: &str, doc: &HeaderDoc) -> Option<String> {
+        doc.origin
+            .clone()
+            .or_else(|| self.inner.origins.lock().expect("lock").get(dead).cloned())
+            .or_else(|| dead.strip_suffix(".dead").map(str::to_owned))
+    }
+
+    fn envelope_of(&self, queue: &str, r: &RowRead, doc: &HeaderDoc) -> Envelope {
+        let kind = doc.kind.clone().unwrap_or_else(|| queue.to_owned());
+        let id = doc.job_id.clone().unwrap_or_else(|| r.id.clone());
+        let enqueued = r.enqueued_at.or(r.due).unwrap_or_else(|| self.broker.now());
+        Envelope::new(kind, r.payload.clone(), enqueued)
+            .with_id(JobId::from_string(id))
+            .with_attempt(u32::try_from(r.attempt.max(0)).unwrap_or(u32::MAX))
+            .with_headers(doc.headers())
+    }
+
+    fn dead_letter_of(&self, dead: &str, r: &RowRead) -> DeadLetter {
+        let doc = HeaderDoc::parse(r.headers.as_deref());
+        let origin = self.origin_of(dead, &doc).unwrap_or_default();
+        let envelope = self.envelope_of(&origin, r, &doc);
+        // The stored attempt is the number of the next delivery: the deliveries spent are one less.
+        let attempts = u32::try_from((r.attempt - 1).max(0)).unwrap_or(0);
+        DeadLetter {
+            id: r.id.clone(),
+            envelope: envelope.with_attempt(attempts),
+            origin,
+            error: doc
+                .error
+                .clone()
+                .or_else(|| r.last_error.clone())
+                .unwrap_or_default(),
+            traceback: doc.traceback.clone().unwrap_or_default(),
+            attempts,
+            failed_at: doc.failed_at.or(r.due).unwrap_or_else(|| self.broker.now()),
+        }
+    }
+}
+
+fn db_err(e: sqlx::Error) -> BrokerError {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_) => BrokerError::Connection(e.to_string()),
+        other => BrokerError::Backend(other.to_string()),
+    }
+}
+
+macro_rules! impl_for {
+    ($db:ty, $module:ident) => {
+        mod $module {
+            use super::*;
+
+            type Q = sqlx::query::Query<'static, $db, <$db as Database>::Arguments>;
+
+            pub(crate) fn query(stmt: &Stmt, v: &Vals, table: &Table) -> Q {
+                let mut q: Q = sqlx::query(AssertSqlSafe(stmt.sql.clone()));
+                for p in &stmt.params {
+                    q = match p {
+                        P::Id => match &v.id {
+                            Some(IdValue::Int(i)) => q.bind(*i),
+                            Some(IdValue::Text(s)) => q.bind(s.clone()),
+                            None => q.bind(None::<String>),
+                        },
+                        P::Lease => q.bind(v.lease),
+                        P::NewLease => q.bind(v.new_lease),
+                        P::Group => q.bind(v.group.clone()),
+                        P::Target => q.bind(v.target.clone()),
+                        P::Now => q.bind(v.now),
+                        P::Due => q.bind(v.due),
+                        P::Limit => q.bind(v.limit),
+                        P::Error => q.bind(v.error.clone()),
+                        P::Headers => q.bind(v.headers.clone()),
+                        P::Payload => match table.payload.ty {
+                            ColumnType::Bytes => q.bind(v.payload.clone()),
+                            _ => q.bind(String::from_utf8_lossy(&v.payload).into_owned()),
+                        },
+                        P::EnqueuedAt => q.bind(v.enqueued_at),
+                        P::JobId => q.bind(v.job_id.clone()),
+                    };
+                }
+                q
+            }
+
+            pub(crate) fn read(row: &<$db as Database>::Row, table: &Table) -> Result<RowRead, sqlx::Error> {
+                Ok(RowRead {
+                    id: row.try_get(0)?,
+                    attempt: row.try_get(1)?,
+                    payload: match table.payload.ty {
+                        ColumnType::Bytes => row.try_get(2)?,
+                        _ => row.try_get::<String, _>(2)?.into_bytes(),
+                    },
+                    lease: row.try_get(3)?,
+                    due: row.try_get(4)?,
+                    last_error: row.try_get(5)?,
+                    headers: row.try_get(6)?,
+                    enqueued_at: row.try_get(7)?,
+                })
+            }
+
+            impl<Row: Inbox> SqlxRoute<$db, Row> {
+                pub(crate) fn pool(&self) -> Result<&sqlx::Pool<$db>, BrokerError> {
+                    self.broker.connected_pool()
+                }
+
+                pub(crate) async fn exec(&self, stmt: &Stmt, v: &Vals) -> Result<u64, BrokerError> {
+                    let r = query(stmt, v, &Row::TABLE).execute(self.pool()?).await.map_err(db_err)?;
+                    Ok(r.rows_affected())
+                }
+
+                pub(crate) async fn fetch(&self, stmts: &Statements, stmt: &Stmt, v: &Vals) -> Result<Vec<RowRead>, BrokerError> {
+                    let rows = query(stmt, v, &stmts.table).fetch_all(self.pool()?).await.map_err(db_err)?;
+                    rows.iter().map(|r| read(r, &stmts.table).map_err(db_err)).collect()
+                }
+
+                pub(crate) fn encode_job(&self, queue: &str, envelope: &Envelope, at: Option<DateTime<Utc>>) -> Result<Vals, BrokerError> {
+                    let now = self.broker.now();
+                    let t = &Row::TABLE;
+                    if t.headers.is_none() && envelope.kind() != queue {
+                        return Err(BrokerError::Backend(format!(
+                            "table `{}` has no headers column to carry the kind `{}`: add a `#[field(headers)]` text column, or publish without a kind",
+                            t.name,
+                            envelope.kind()
+                        )));
+                    }
+                    if t.group.is_none() && queue != &*self.default_group && queue != t.name {
+                        return Err(BrokerError::UnknownQueue(format!(
+                            "{queue} (table `{}` has no group column: its one queue is `{}`)",
+                            t.name, self.default_group
+                        )));
+                    }
+                    let h = envelope.headers();
+                    let doc = HeaderDoc {
+                        kind: (envelope.kind() != queue).then(|| envelope.kind().to_owned()),
+                        job_id: Some(envelope.id().to_string()),
+                        request_id: h.request_id.clone(),
+                        trace: h.trace.clone(),
+                        extra: h.extra.clone(),
+                        ..HeaderDoc::default()
+                    };
+                    if t.payload.ty != ColumnType::Bytes && std::str::from_utf8(envelope.payload()).is_err() {
+                        return Err(BrokerError::Backend(format!(
+                            "table `{}` keeps payloads as text, and this payload is not UTF-8: use a `Vec<u8>` payload column",
+                            t.name
+                        )));
+                    }
+                    Ok(Vals {
+                        group: Some(queue.to_owned()),
+                        payload: envelope.payload().to_vec(),
+                        due: Some(at.map_or(now, |a| a.max(now))),
+                        enqueued_at: Some(envelope.enqueued_at()),
+                        headers: Some(doc.to_json()),
+                        job_id: Some(envelope.id().to_string()),
+                        ..Vals::default()
+                    })
+                }
+
+                /// Publishes `job` into this table now, at its time, or after its delay; into
+                /// the route's group unless the job names its queue. Returns the job id.
+                pub async fn publish(&self, job: Job) -> Result<JobId, BrokerError> {
+                    let (queue, envelope, at) = job.into_parts(self.broker.now());
+                    let id = envelope.id().clone();
+                    Broker::publish(self, &queue, vec![(envelope, at)]).await?;
+                    Ok(id)
+                }
+
+                /// Publishes `job` inside the caller's own transaction (pass `&mut *tx`): the
+                /// job exists if and only if that transaction commits.
+                pub async fn publish_in(
+                    &self,
+                    conn: &mut <$db as Database>::Connection,
+                    job: Job,
+                ) -> Result<JobId, BrokerError> {
+                    let stmts = Arc::clone(self.stmts()?);
+                    let (queue, envelope, at) = job.into_parts(self.broker.now());
+                    let id = envelope.id().clone();
+                    let v = self.encode_job(&queue, &envelope, at)?;
+                    query(&stmts.insert, &v, &Row::TABLE).execute(&mut *conn).await.map_err(db_err)?;
+                    self.notify_in(&mut *conn, &queue).await?;
+                    Ok(id)
+                }
+            }
+        }
+    };
+}
+
+impl_for!(sqlx::Sqlite, sqlite_impl);
+impl_for!(sqlx::Postgres, postgres_impl);
+
+/// The channel Postgres workers listen on.
+const CHANNEL: &str = "stagedoor_jobs";
+
+impl<Row: Inbox> SqlxRoute<sqlx::Sqlite, Row> {
+    async fn notify_in(
+        &self,
+        _conn: &mut sqlx::SqliteConnection,
+        _queue: &str,
+    ) -> Result<(), BrokerError> {
+        self.broker.shared.wake.notify_waiters();
+        Ok(())
+    }
+
+    async fn open(&self) -> Result<(), BrokerError> {
+        use std::str::FromStr;
+        let shared = &self.broker.shared;
+        shared
+            .pool
+            .get_or_try_init(|| async {
+                match self.broker.take_source() {
+                    Some(Source::Pool(p)) => Ok(p),
+                    Some(Source::Url(url, options)) => {
+                        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+                            .map_err(|e| BrokerError::Connection(format!(
+                                "`{}` is not an SQLite URL ({e}): write sqlite://path/to/file.db",
+                                shared.url_for_messages
+                            )))?
+                            .create_if_missing(true)
+                            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                            .busy_timeout(Duration::from_secs(10));
+                        options.connect_with(opts).await.map_err(|e| BrokerError::Connection(format!(
+                            "cannot open the SQLite database `{}`: {e}: check the path and that its folder exists",
+                            shared.url_for_messages
+                        )))
+                    }
+                    None => Err(BrokerError::Connection("the broker's connection failed earlier; restart the service".to_owned())),
+                }
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+impl<Row: Inbox> SqlxRoute<sqlx::Postgres, Row> {
+    async fn notify_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        queue: &str,
+    ) -> Result<(), BrokerError> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(queue)
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        self.broker.shared.wake.notify_waiters();
+        Ok(())
+    }
+
+    async fn open(&self) -> Result<(), BrokerError> {
+        let shared = &self.broker.shared;
+        let pool = shared
+            .pool
+            .get_or_try_init(|| async {
+                match self.broker.take_source() {
+                    Some(Source::Pool(p)) => Ok(p),
+                    Some(Source::Url(url, options)) => options.connect(&url).await.map_err(|e| {
+                        BrokerError::Connection(format!(
+                            "cannot connect to Postgres at `{}`: {e}: check the URL (postgres://user:password@host:port/database) and that the server is running",
+                            shared.url_for_messages
+                        ))
+                    }),
+                    None => Err(BrokerError::Connection("the broker's connection failed earlier; restart the service".to_owned())),
+                }
+            })
+            .await?
+            .clone();
+        if !shared
+            .listening
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let broker = self.broker.clone();
+            tokio::spawn(async move { listen(broker, pool).await });
+        }
+        Ok(())
+    }
+}
+
+/// Wakes this process's idle workers on every `NOTIFY`; reconnects with backoff.
+async fn listen(broker: SqlxBroker<sqlx::Postgres>, pool: sqlx::PgPool) {
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match sqlx::postgres::PgListener::connect_with(&pool).await {
+            Ok(mut l) => {
+                if let Err(e) = l.listen(CHANNEL).await {
+                    tracing::warn!(error = %e, "LISTEN failed; polling meanwhile");
+                } else {
+                    wait = Duration::from_millis(100);
+                    loop {
+                        match l.recv().await {
+                            Ok(_) => broker.shared.wake.notify_waiters(),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "the LISTEN connection broke; reconnecting");
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open the LISTEN connection; polling meanwhile")
+            }
+        }
+        if pool.is_closed() {
+            return;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(5));
+    }
+}
+
+macro_rules! impl_broker {
+    ($db:ty, $module:ident) => {
+        impl<Row: Inbox> Broker for SqlxRoute<$db, Row> {
+            type Receipt = SqlReceipt;
+
+            fn backend(&self) -> &'static str {
+                "sqlx"
+            }
+
+            async fn connect(&self) -> Result<(), BrokerError> {
+                self.open().await
+            }
+
+            async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
+                let table = &Row::TABLE;
+                let who = |m: &MountInfo| format!("mount `{}` on queue `{}`", m.subscriber, m.queue);
+                let mut problems = Vec::new();
+                let stmts = match &self.inner.stmts {
+                    Ok(s) => Arc::clone(s),
+                    Err(ps) => {
+                        return ps.iter().map(|p| Problem { mount: format!("table `{}`", table.name), message: p.clone() }).collect();
+                    }
+                };
+                let Ok(pool) = self.pool() else {
+                    return vec![Problem { mount: "*".to_owned(), message: "the broker is not connected".to_owned() }];
+                };
+                // Every statement this route will run, prepared against the table now: a
+                // missing or misspelt column stops the service with its name.
+                let named: [(&str, &Stmt); 12] = [
+                    ("claim", &stmts.claim),
+                    ("renew", &stmts.renew),
+                    ("ack", &stmts.delete_fenced),
+                    ("retry", &stmts.retry),
+                    ("retry in place", &stmts.retry_keep_place),
+                    ("dead letter", &stmts.dead_group),
+                    ("publish", &stmts.insert),
+                    ("stats", &stmts.stats),
+                    ("list", &stmts.list),
+                    ("replay", &stmts.replay_group),
+                    ("purge", &stmts.purge),
+                    ("next due", &stmts.next_due),
+                ];
+                for (name, stmt) in named {
+                    if Statements::lacks(stmt) {
+                        continue;
+                    }
+                    if let Err(e) = sqlx::Executor::prepare(pool, sqlx::SqlSafeStr::into_sql_str(AssertSqlSafe(stmt.sql.clone()))).await {
+                        problems.push(Problem {
+                            mount: format!("table `{}`", table.name),
+                            message: format!(
+                                "the {name} statement does not prepare against the table: {e}: create the table, or make its columns match the fields of `{}`",
+                                std::any::type_name::<Row>()
+                            ),
+                        });
+                        break;
+                    }
+                }
+                for m in mounts {
+                    if m.max_attempts.is_some() && table.attempt.is_none() {
+                        problems.push(Problem {
+                            mount: who(m),
+                            message: format!(
+                                "max_attempts needs an attempt column, and table `{}` has none: add an integer column with `#[field(attempt)]`",
+                                table.name
+                            ),
+                        });
+                    }
+                    if m.kind.is_some() && table.headers.is_none() {
+                        problems.push(Problem {
+                            mount: who(m),
+                            message: format!(
+                                "subscribing to a kind needs a headers column to store it, and table `{}` has none: add `#[field(headers)]`, or give the kind its own group",
+                                table.name
+                            ),
+                        });
+                    }
+                    if table.group.is_none() && m.queue != *self.default_group && m.queue != table.name {
+                        problems.push(Problem {
+                            mount: who(m),
+                            message: format!(
+                                "table `{}` has no group column, so its one queue is `{}`: subscribe to that name",
+                                table.name, self.default_group
+                            ),
+                        });
+                    }
+                    if let Some(dead) = &m.dead_letter {
+                        self.inner.origins.lock().expect("lock").insert(dead.clone(), m.queue.clone());
+                        if !self.grouped() {
+                            match self.dead_table(dead) {
+                                Err(e) => problems.push(Problem { mount: who(m), message: format!("{e}") }),
+                                Ok(_) => {
+                                    let copy = stmts.copy_into(dead, true);
+                                    if let Err(e) = sqlx::Executor::prepare(pool, sqlx::SqlSafeStr::into_sql_str(AssertSqlSafe(copy.sql.clone()))).await {
+                                        problems.push(Problem {
+                                            mount: who(m),
+                                            message: format!(
+                                                "the dead-letter table `{dead}` cannot take rows of `{}`: {e}: create it with the same columns",
+                                                table.name
+                                            ),
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                if table.retry_after.is_none() {
+                    tracing::warn!(table = table.name, "no retry_after column: retry_after(d) and delayed jobs return the row at once");
+                }
+                problems
+            }
+
+            async fn prepare(&self, _queue: &str) -> Result<(), BrokerError> {
+                Ok(())
+            }
+
+            async fn claim(&self, queue: &str, max: usize, wait: Duration) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
+                let stmts = self.stmts_for(queue)?;
+                let deadline = tokio::time::Instant::now() + wait;
+                let mut clock_rx = self.broker.clock().subscribe();
+                loop {
+                    let notified = self.broker.shared.wake.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    let now = self.broker.now();
+                    let lease = now + chrono::Duration::from_std(self.broker.lease).unwrap_or(chrono::Duration::MAX);
+                    let v = Vals {
+                        new_lease: Some(lease),
+                        group: Some(queue.to_owned()),
+                        now: Some(now),
+                        limit: i64::try_from(max).unwrap_or(i64::MAX),
+                        ..Vals::default()
+                    };
+                    let rows = self.fetch(&stmts, &stmts.claim, &v).await?;
+                    if !rows.is_empty() {
+                        let mut out = Vec::with_capacity(rows.len());
+                        for r in rows {
+                            let doc = HeaderDoc::parse(r.headers.as_deref());
+                            let envelope = self.envelope_of(queue, &r, &doc);
+                            let id = IdValue::parse(&stmts.table, &r.id)?;
+                            out.push(Delivery {
+                                envelope,
+                                receipt: SqlReceipt { id, lease: Mutex::new(r.lease.unwrap_or(lease)) },
+                            });
+                        }
+                        return Ok(out);
+                    }
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    if left.is_zero() {
+                        return Ok(Vec::new());
+                    }
+                    let clock_changed = async {
+                        match clock_rx.as_mut() {
+                            Some(rx) => {
+                                if rx.changed().await.is_err() {
+                                    std::future::pending::<()>().await;
+                                }
+                            }
+                            None => std::future::pending::<()>().await,
+                        }
+                    };
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = clock_changed => {}
+                        _ = tokio::time::sleep(left.min(self.broker.poll)) => {}
+                    }
+                }
+            }
+
+            async fn renew(&self, queue: &str, receipt: &SqlReceipt) -> Result<bool, BrokerError> {
+                let stmts = self.stmts_for(queue)?;
+                let old = *receipt.lease.lock().expect("lease lock");
+                let new = self.broker.now() + chrono::Duration::from_std(self.broker.lease).unwrap_or(chrono::Duration::MAX);
+                let v = Vals { new_lease: Some(new), id: Some(receipt.id.clone()), lease: Some(old), ..Vals::default() };
+                let n = query(&stmts.renew, &v, &stmts.table).execute(self.pool()?).await.map_err(db_err)?.rows_affected();
+                if n == 1 {
+                    *receipt.lease.lock().expect("lease lock") = new;
+                }
+                Ok(n == 1)
+            }
+
+            async fn settle(&self, queue: &str, delivery: &Delivery<SqlReceipt>, settlement: Settlement) -> Result<Settled, BrokerError> {
+                let stmts = self.stmts_for(queue)?;
+                let now = self.broker.now();
+                let receipt = &delivery.receipt;
+                let lease = *receipt.lease.lock().expect("lease lock");
+                let base = || Vals { id: Some(receipt.id.clone()), lease: Some(lease), now: Some(now), ..Vals::default() };
+                let pool = self.pool()?;
+                let n = match settlement {
+                    Settlement::Ack | Settlement::Drop => {
+                        query(&stmts.delete_fenced, &base(), &stmts.table).execute(pool).await.map_err(db_err)?.rows_affected()
+                    }
+                    Settlement::Retry { delay, failure } => {
+                        if stmts.table.retry_after.is_none() && !delay.is_zero() {
+                            tracing::warn!(table = stmts.table.name, "no retry_after column: the row is due again at once instead of in {delay:?}");
+                        }
+                        let keep_place = stmts.table.fifo && delay.is_zero();
+                        let stmt = if keep_place { &stmts.retry_keep_place } else { &stmts.retry };
+                        let v = Vals {
+                            due: Some(now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX)),
+                            error: Some(failure.error.clone()),
+                            ..base()
+                        };
+                        query(stmt, &v, &stmts.table).execute(pool).await.map_err(db_err)?.rows_affected()
+                    }
+                    Settlement::DeadLetter { target, failure } => {
+                        let env = &delivery.envelope;
+                        let h = env.headers();
+                        let doc = HeaderDoc {
+                            kind: (env.kind() != queue).then(|| env.kind().to_owned()),
+                            job_id: Some(env.id().to_string()),
+                            request_id: h.request_id.clone(),
+                            trace: h.trace.clone(),
+                            extra: h.extra.clone(),
+                            origin: Some(queue.to_owned()),
+                            traceback: Some(failure.traceback.clone()),
+                            error: Some(failure.error.clone()),
+                            failed_at: Some(now),
+                        };
+                        let v = Vals {
+                            target: Some(target.clone()),
+                            error: Some(failure.error.clone()),
+                            headers: Some(doc.to_json()),
+                            ..base()
+                        };
+                        if self.grouped() {
+                            query(&stmts.dead_group, &v, &stmts.table).execute(pool).await.map_err(db_err)?.rows_affected()
+                        } else {
+                            // The table form: copy into the dead table and delete, in one transaction.
+                            let dead = self.dead_table(&target)?;
+                            let mut tx = pool.begin().await.map_err(db_err)?;
+                            let copy = stmts.copy_into(&target, true);
+                            let n = query(&copy, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+                            if n == 1 {
+                                query(&dead.clear_lease, &v, &dead.table).execute(&mut *tx).await.map_err(db_err)?;
+                                query(&stmts.delete_by_id, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?;
+                                tx.commit().await.map_err(db_err)?;
+                            }
+                            n
+                        }
+                    }
+                };
+                self.broker.shared.wake.notify_waiters();
+                Ok(if n == 1 { Settled::Done } else { Settled::LeaseLost })
+            }
+
+            async fn publish(&self, queue: &str, jobs: Vec<(Envelope, Option<DateTime<Utc>>)>) -> Result<(), BrokerError> {
+                let stmts = Arc::clone(self.stmts()?);
+                let mut vals = Vec::with_capacity(jobs.len());
+                for (envelope, at) in &jobs {
+                    vals.push(self.encode_job(queue, envelope, *at)?);
+                }
+                let mut tx = self.pool()?.begin().await.map_err(db_err)?;
+                for v in &vals {
+                    $module::query(&stmts.insert, v, &Row::TABLE).execute(&mut *tx).await.map_err(db_err)?;
+                }
+                self.notify_in(&mut tx, queue).await?;
+                tx.commit().await.map_err(db_err)?;
+                Ok(())
+            }
+
+            async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
+                let pool = self.pool()?;
+                sqlx::query("CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL)")
+                    .execute(pool)
+                    .await
+                    .map_err(db_err)?;
+                let now = self.broker.now();
+                let until = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+                let n = sqlx::query("INSERT INTO stagedoor_locks (lock_key, token, until_at) VALUES ($1, $2, $3) ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token, until_at = excluded.until_at WHERE stagedoor_locks.until_at <= $4")
+                    .bind(key)
+                    .bind(token)
+                    .bind(until)
+                    .bind(now)
+                    .execute(pool)
+                    .await
+                    .map_err(db_err)?
+                    .rows_affected();
+                Ok(n == 1)
+            }
+
+            async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
+                sqlx::query("DELETE FROM stagedoor_locks WHERE lock_key = $1 AND token = $2")
+                    .bind(key)
+                    .bind(token)
+                    .execute(self.pool()?)
+                    .await
+                    .map_err(db_err)?;
+                Ok(())
+            }
+
+            async fn dead_letters(&self, dead: &str, selector: &DeadSelector, limit: usize) -> Result<Vec<DeadLetter>, BrokerError> {
+                let stmts = self.stmts_for(dead)?;
+                let v = Vals { group: Some(dead.to_owned()), ..Vals::default() };
+                let rows = self.fetch(&stmts, &stmts.list, &v).await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| self.dead_letter_of(dead, r))
+                    .filter(|d| selector.matches(d))
+                    .take(limit)
+                    .collect())
+            }
+
+            async fn replay(&self, dead: &str, selector: &DeadSelector) -> Result<ReplayReport, BrokerError> {
+                let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+                let mut report = ReplayReport::default();
+                let now = self.broker.now();
+                let stmts = Arc::clone(self.stmts()?);
+                for d in letters {
+                    if d.origin.is_empty() {
+                        tracing::error!(dead_letter = %d.id, "cannot tell which queue it failed on: not replayed");
+                        report.failed += 1;
+                        continue;
+                    }
+                    let env = &d.envelope;
+                    let h = env.headers();
+                    let doc = HeaderDoc {
+                        kind: (env.kind() != d.origin).then(|| env.kind().to_owned()),
+                        job_id: Some(env.id().to_string()),
+                        request_id: h.request_id.clone(),
+                        trace: h.trace.clone(),
+                        extra: h.extra.clone(),
+                        ..HeaderDoc::default()
+                    };
+                    let id = IdValue::parse(&stmts.table, &d.id)?;
+                    let v = Vals {
+                        id: Some(id),
+                        group: Some(dead.to_owned()),
+                        target: Some(d.origin.clone()),
+                        now: Some(now),
+                        headers: Some(doc.to_json()),
+                        ..Vals::default()
+                    };
+                    let result = if self.grouped() {
+                        self.exec(&stmts.replay_group, &v).await
+                    } else {
+                        // The table form: copy back into the origin table and delete, in one transaction.
+                        let dead_stmts = self.dead_table(dead)?;
+                        async {
+                            let mut tx = self.pool()?.begin().await.map_err(db_err)?;
+                            let copy = dead_stmts.copy_into(Row::TABLE.name, false);
+                            let n = $module::query(&copy, &v, &dead_stmts.table).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+                            if n == 1 {
+                                $module::query(&stmts.clear_lease, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?;
+                                $module::query(&dead_stmts.delete_by_id, &v, &dead_stmts.table).execute(&mut *tx).await.map_err(db_err)?;
+                                tx.commit().await.map_err(db_err)?;
+                            }
+                            Ok::<u64, BrokerError>(n)
+                        }
+                        .await
+                    };
+                    match result {
+                        Ok(1) => report.replayed += 1,
+                        Ok(_) => report.skipped += 1,
+                        Err(e) => {
+                            tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
+                            report.failed += 1;
+                        }
+                    }
+                }
+                if report.replayed > 0 {
+                    self.broker.shared.wake.notify_waiters();
+                }
+                Ok(report)
+            }
+
+            async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
+                let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+                let stmts = self.stmts_for(dead)?;
+                let mut n = 0;
+                for d in letters {
+                    let v = Vals {
+                        id: Some(IdValue::parse(&stmts.table, &d.id)?),
+                        group: Some(dead.to_owned()),
+                        ..Vals::default()
+                    };
+                    n += $module::query(&stmts.purge, &v, &stmts.table).execute(self.pool()?).await.map_err(db_err)?.rows_affected();
+                }
+                Ok(n)
+            }
+
+            async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
+                let stmts = self.stmts_for(queue)?;
+                let now = self.broker.now();
+                let v = Vals { group: Some(queue.to_owned()), now: Some(now), ..Vals::default() };
+                let row = $module::query(&stmts.stats, &v, &stmts.table).fetch_one(self.pool()?).await.map_err(db_err)?;
+                let n = |i: usize| -> Result<u64, BrokerError> {
+                    Ok(u64::try_from(row.try_get::<i64, _>(i).map_err(db_err)?).unwrap_or(0))
+                };
+                let oldest: Option<DateTime<Utc>> = row.try_get(3).map_err(db_err)?;
+                Ok(QueueStats {
+                    ready: n(0)?,
+                    pending: n(1)?,
+                    delayed: n(2)?,
+                    oldest: oldest.map(|o| (now - o).to_std().unwrap_or_default()),
+                })
+            }
+
+            async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
+                let s = self.stats(dead).await?;
+                Ok(s.ready + s.pending + s.delayed)
+            }
+
+            fn default_dead_letter(&self, queue: &str) -> String {
+                if self.grouped() { format!("{queue}.dead") } else { format!("{}_dead", Row::TABLE.name) }
+            }
+
+            fn lease(&self) -> Duration {
+                self.broker.lease
+            }
+
+            fn clock(&self) -> Clock {
+                self.broker.clock()
+            }
+
+            fn use_clock(&self, clock: &Clock) -> bool {
+                self.broker.set_clock(clock);
+                true
+            }
+
+            async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+                let stmts = self.stmts_for(queue).ok()?;
+                if Statements::lacks(&stmts.next_due) {
+                    return None;
+                }
+                let v = Vals { group: Some(queue.to_owned()), ..Vals::default() };
+                let row = $module::query(&stmts.next_due, &v, &stmts.table).fetch_one(self.pool().ok()?).await.ok()?;
+                row.try_get::<Option<DateTime<Utc>>, _>(0).ok().flatten()
+            }
+        }
+    };
+}
+
+mod sqlite_broker {
+    use super::sqlite_impl::query;
+    use super::*;
+    impl_broker!(sqlx::Sqlite, sqlite_impl);
+}
+mod postgres_broker {
+    use super::postgres_impl::query;
+    use super::*;
+    impl_broker!(sqlx::Postgres, postgres_impl);
+}

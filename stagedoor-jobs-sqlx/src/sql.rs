@@ -1,0 +1,468 @@
+//! The statements of one job table, built once from its validated layout.
+//!
+//! Only identifiers that passed [`is_plain_identifier`] are written into SQL, always quoted;
+//! every value is a bind parameter, named by [`P`] and numbered in order of first use.
+
+use stagedoor_jobs::inbox::{Column, Table, is_plain_identifier};
+
+/// SQL dialect differences that matter here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(unreachable_pub)]
+pub enum Flavor {
+    Sqlite,
+    Postgres,
+}
+
+/// The values a statement binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum P {
+    /// The row id.
+    Id,
+    /// The lease a delivery holds (the fence).
+    Lease,
+    /// A new lease.
+    NewLease,
+    /// The group (queue) read or written.
+    Group,
+    /// Another group: a dead letter's target, a replay's origin.
+    Target,
+    /// The time now.
+    Now,
+    /// When the row becomes due.
+    Due,
+    /// How many rows.
+    Limit,
+    /// The last error.
+    Error,
+    /// The headers JSON.
+    Headers,
+    /// The payload.
+    Payload,
+    /// When the job was published.
+    EnqueuedAt,
+    /// The job id (a text id column).
+    JobId,
+}
+
+/// One statement and the values it binds, in order.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Stmt {
+    pub(crate) sql: String,
+    pub(crate) params: Vec<P>,
+}
+
+impl Stmt {
+    /// The placeholder of `p`, numbered on first use.
+    fn p(&mut self, p: P) -> String {
+        let n = match self.params.iter().position(|x| *x == p) {
+            Some(i) => i + 1,
+            None => {
+                self.params.push(p);
+                self.params.len()
+            }
+        };
+        format!("${n}")
+    }
+
+    fn is_empty(&self) -> bool {
+        self.sql.is_empty()
+    }
+}
+
+fn q(name: &str) -> String {
+    format!("\"{name}\"")
+}
+
+/// The statements of a table. Reads return, in this order: id (text), attempt (bigint), payload,
+/// locked_until, retry_after, last_error, headers, enqueued_at (missing roles read as NULL).
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) table: Table,
+    pub(crate) qualified: String,
+    pub(crate) claim: Stmt,
+    pub(crate) renew: Stmt,
+    pub(crate) delete_fenced: Stmt,
+    pub(crate) retry: Stmt,
+    pub(crate) retry_keep_place: Stmt,
+    pub(crate) dead_group: Stmt,
+    pub(crate) insert: Stmt,
+    pub(crate) stats: Stmt,
+    pub(crate) list: Stmt,
+    pub(crate) replay_group: Stmt,
+    pub(crate) purge: Stmt,
+    pub(crate) next_due: Stmt,
+    pub(crate) delete_by_id: Stmt,
+    pub(crate) clear_lease: Stmt,
+}
+
+/// Validates a table's names and roles; every problem, each naming the fix.
+pub(crate) fn validate(table: &Table) -> Vec<String> {
+    let mut problems = Vec::new();
+    let roles = [
+        Some(table.id),
+        table.group,
+        table.attempt,
+        table.retry_after,
+        table.locked_until,
+        Some(table.payload),
+        table.enqueued_at,
+        table.last_error,
+        table.headers,
+    ];
+    let names = table
+        .schema
+        .iter()
+        .copied()
+        .chain([table.name])
+        .chain(table.columns.iter().copied())
+        .chain(roles.into_iter().flatten().map(|c| c.name));
+    for n in names {
+        if !is_plain_identifier(n) {
+            problems.push(format!(
+                "`{n}` is not a plain SQL identifier (letters, digits, `_`)"
+            ));
+        }
+    }
+    if table.locked_until.is_none() {
+        problems.push(format!(
+            "table `{}` has no `locked_until` column, so claims cannot be leased: add a nullable timestamp column with `#[field(locked_until)]`",
+            table.name
+        ));
+    }
+    problems
+}
+
+impl Statements {
+    /// Builds the statements of a validated table.
+    pub(crate) fn new(table: Table, flavor: Flavor) -> Self {
+        let t = table.qualified();
+        let col = |c: Option<Column>| c.map(|c| q(c.name));
+        let id = q(table.id.name);
+        let attempt = col(table.attempt);
+        let locked = q(table.locked_until.map_or("locked_until", |c| c.name));
+        let group = col(table.group);
+        let due = col(table.retry_after);
+        let null = || "NULL".to_owned();
+        let attempt_read = attempt
+            .as_ref()
+            .map_or("CAST(1 AS BIGINT)".to_owned(), |a| {
+                format!("CAST({a} AS BIGINT)")
+            });
+        let reads = |attempt_expr: String| {
+            [
+                format!("CAST({id} AS TEXT)"),
+                attempt_expr,
+                q(table.payload.name),
+                locked.clone(),
+                due.clone().unwrap_or_else(null),
+                col(table.last_error).unwrap_or_else(null),
+                col(table.headers).unwrap_or_else(null),
+                col(table.enqueued_at).unwrap_or_else(null),
+            ]
+            .join(", ")
+        };
+
+        // Claim: lease and count in one statement; returns the delivery's number (the value
+        // before the increment).
+        let mut claim = Stmt::default();
+        {
+            let lease = claim.p(P::NewLease);
+            let g = claim.p(P::Group);
+            let now = claim.p(P::Now);
+            let mut cond = vec![format!("({locked} IS NULL OR {locked} <= {now})")];
+            if let Some(gc) = &group {
+                cond.push(format!("{gc} = {g}"));
+            } else {
+                cond.push(format!("CAST({g} AS TEXT) IS NOT NULL"));
+            }
+            if let Some(d) = &due {
+                cond.push(format!("{d} <= {now}"));
+            }
+            if let (Some(gc), true) = (&group, table.fifo) {
+                cond.push(format!(
+                    "NOT EXISTS (SELECT 1 FROM {t} AS busy WHERE busy.{gc} = {g} AND busy.{locked} > {now})"
+                ));
+            }
+            let limit = if table.fifo {
+                "1".to_owned()
+            } else {
+                claim.p(P::Limit)
+            };
+            let order = due.as_ref().map_or(id.clone(), |d| format!("{d}, {id}"));
+            let skip = if flavor == Flavor::Postgres {
+                " FOR UPDATE SKIP LOCKED"
+            } else {
+                ""
+            };
+            let bump = attempt
+                .as_ref()
+                .map_or(String::new(), |a| format!(", {a} = {a} + 1"));
+            let returned = reads(match &attempt {
+                Some(a) => format!("CAST({a} AS BIGINT) - 1"),
+                None => "CAST(1 AS BIGINT)".to_owned(),
+            });
+            claim.sql = format!(
+                "UPDATE {t} SET {locked} = {lease}{bump} WHERE {id} IN (SELECT {id} FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}{skip}) RETURNING {returned}",
+                cond.join(" AND ")
+            );
+        }
+
+        let id_cond = |s: &mut Stmt| -> String {
+            let p = s.p(P::Id);
+            format!("{id} = {p}")
+        };
+
+        let mut renew = Stmt::default();
+        {
+            let new = renew.p(P::NewLease);
+            let idc = id_cond(&mut renew);
+            let old = renew.p(P::Lease);
+            renew.sql = format!("UPDATE {t} SET {locked} = {new} WHERE {idc} AND {locked} = {old}");
+        }
+
+        let mut delete_fenced = Stmt::default();
+        {
+            let idc = id_cond(&mut delete_fenced);
+            let l = delete_fenced.p(P::Lease);
+            delete_fenced.sql = format!("DELETE FROM {t} WHERE {idc} AND {locked} = {l}");
+        }
+
+        let build_retry = |move_due: bool| {
+            let mut s = Stmt::default();
+            let mut sets = vec![format!("{locked} = NULL")];
+            if let (Some(d), true) = (&due, move_due) {
+                let p = s.p(P::Due);
+                sets.push(format!("{d} = {p}"));
+            }
+            if let Some(e) = col(table.last_error) {
+                let p = s.p(P::Error);
+                sets.push(format!("{e} = {p}"));
+            }
+            let idc = id_cond(&mut s);
+            let l = s.p(P::Lease);
+            s.sql = format!(
+                "UPDATE {t} SET {} WHERE {idc} AND {locked} = {l}",
+                sets.join(", ")
+            );
+            s
+        };
+        let retry = build_retry(true);
+        let retry_keep_place = build_retry(false);
+
+        let mut dead_group = Stmt::default();
+        if let Some(g) = &group {
+            let s = &mut dead_group;
+            let target = s.p(P::Target);
+            let mut sets = vec![format!("{locked} = NULL"), format!("{g} = {target}")];
+            if let Some(d) = &due {
+                let p = s.p(P::Now);
+                sets.push(format!("{d} = {p}"));
+            }
+            if let Some(e) = col(table.last_error) {
+                let p = s.p(P::Error);
+                sets.push(format!("{e} = {p}"));
+            }
+            if let Some(h) = col(table.headers) {
+                let p = s.p(P::Headers);
+                sets.push(format!("{h} = {p}"));
+            }
+            let idc = id_cond(s);
+            let l = s.p(P::Lease);
+            s.sql = format!(
+                "UPDATE {t} SET {} WHERE {idc} AND {locked} = {l}",
+                sets.join(", ")
+            );
+        }
+
+        let mut insert = Stmt::default();
+        {
+            let s = &mut insert;
+            let mut cols = Vec::new();
+            let mut vals = Vec::new();
+            let mut put = |c: Option<Column>, p: P, s: &mut Stmt| {
+                if let Some(c) = c {
+                    cols.push(q(c.name));
+                    vals.push(s.p(p));
+                }
+            };
+            put(table.group, P::Group, s);
+            put(Some(table.payload), P::Payload, s);
+            put(table.retry_after, P::Due, s);
+            put(table.enqueued_at, P::EnqueuedAt, s);
+            put(table.headers, P::Headers, s);
+            put((!table.id.generated).then_some(table.id), P::JobId, s);
+            if let Some(a) = table.attempt.filter(|a| !a.generated) {
+                cols.push(q(a.name));
+                vals.push("1".to_owned());
+            }
+            let conflict = if table.id.generated {
+                ""
+            } else {
+                " ON CONFLICT DO NOTHING"
+            };
+            s.sql = format!(
+                "INSERT INTO {t} ({}) VALUES ({}){conflict}",
+                cols.join(", "),
+                vals.join(", ")
+            );
+        }
+
+        let group_cond = |s: &mut Stmt| -> String {
+            let g = s.p(P::Group);
+            match &group {
+                Some(gc) => format!("{gc} = {g}"),
+                None => format!("CAST({g} AS TEXT) IS NOT NULL"),
+            }
+        };
+
+        let mut stats = Stmt::default();
+        {
+            let s = &mut stats;
+            let gc = group_cond(s);
+            let now = s.p(P::Now);
+            let free = format!("({locked} IS NULL OR {locked} <= {now})");
+            let (ready, delayed, oldest) = match &due {
+                Some(d) => (
+                    format!("{free} AND {d} <= {now}"),
+                    format!("{free} AND {d} > {now}"),
+                    format!("MIN(CASE WHEN {free} AND {d} <= {now} THEN {d} END)"),
+                ),
+                None => (free.clone(), "1 = 0".to_owned(), "NULL".to_owned()),
+            };
+            s.sql = format!(
+                "SELECT CAST(COALESCE(SUM(CASE WHEN {ready} THEN 1 ELSE 0 END), 0) AS BIGINT), CAST(COALESCE(SUM(CASE WHEN {locked} > {now} THEN 1 ELSE 0 END), 0) AS BIGINT), CAST(COALESCE(SUM(CASE WHEN {delayed} THEN 1 ELSE 0 END), 0) AS BIGINT), {oldest} FROM {t} WHERE {gc}"
+            );
+        }
+
+        let mut list = Stmt::default();
+        {
+            let gc = group_cond(&mut list);
+            let order = due
+                .as_ref()
+                .map_or(format!("{id} DESC"), |d| format!("{d} DESC, {id} DESC"));
+            list.sql = format!(
+                "SELECT {} FROM {t} WHERE {gc} ORDER BY {order}",
+                reads(attempt_read.clone())
+            );
+        }
+
+        let mut replay_group = Stmt::default();
+        if let Some(g) = &group {
+            let s = &mut replay_group;
+            let origin = s.p(P::Target);
+            let mut sets = vec![format!("{g} = {origin}"), format!("{locked} = NULL")];
+            if let Some(a) = &attempt {
+                sets.push(format!("{a} = 1"));
+            }
+            if let Some(d) = &due {
+                let p = s.p(P::Now);
+                sets.push(format!("{d} = {p}"));
+            }
+            if let Some(h) = col(table.headers) {
+                let p = s.p(P::Headers);
+                sets.push(format!("{h} = {p}"));
+            }
+            let idc = id_cond(s);
+            let dg = s.p(P::Group);
+            s.sql = format!(
+                "UPDATE {t} SET {} WHERE {idc} AND {g} = {dg}",
+                sets.join(", ")
+            );
+        }
+
+        let mut purge = Stmt::default();
+        {
+            let idc = id_cond(&mut purge);
+            let gc = group_cond(&mut purge);
+            purge.sql = format!("DELETE FROM {t} WHERE {idc} AND {gc}");
+        }
+
+        let mut next_due = Stmt::default();
+        if let Some(d) = &due {
+            let gc = group_cond(&mut next_due);
+            next_due.sql = format!("SELECT MIN({d}) FROM {t} WHERE {gc} AND {locked} IS NULL");
+        }
+
+        let mut delete_by_id = Stmt::default();
+        {
+            let idc = id_cond(&mut delete_by_id);
+            delete_by_id.sql = format!("DELETE FROM {t} WHERE {idc}");
+        }
+
+        let mut clear_lease = Stmt::default();
+        {
+            let mut sets = vec![format!("{locked} = NULL")];
+            if let Some(a) = &attempt {
+                sets.push(format!("{a} = 1"));
+            }
+            if let Some(d) = &due {
+                let p = clear_lease.p(P::Now);
+                sets.push(format!("{d} = {p}"));
+            }
+            if let Some(e) = col(table.last_error) {
+                let p = clear_lease.p(P::Error);
+                sets.push(format!("{e} = {p}"));
+            }
+            if let Some(h) = col(table.headers) {
+                let p = clear_lease.p(P::Headers);
+                sets.push(format!("{h} = {p}"));
+            }
+            let idc = id_cond(&mut clear_lease);
+            clear_lease.sql = format!("UPDATE {t} SET {} WHERE {idc}", sets.join(", "));
+        }
+
+        Self {
+            table,
+            qualified: t,
+            claim,
+            renew,
+            delete_fenced,
+            retry,
+            retry_keep_place,
+            dead_group,
+            insert,
+            stats,
+            list,
+            replay_group,
+            purge,
+            next_due,
+            delete_by_id,
+            clear_lease,
+        }
+    }
+
+    /// The same statements against another table with the same columns (a dead-letter table).
+    pub(crate) fn for_table(&self, name: &'static str, flavor: Flavor) -> Self {
+        let mut t = self.table;
+        t.name = name;
+        Self::new(t, flavor)
+    }
+
+    /// Copies a row into table `target` (same columns): binds Id, and Lease when `fenced`.
+    pub(crate) fn copy_into(&self, target: &str, fenced: bool) -> Stmt {
+        let mut s = Stmt::default();
+        let cols: Vec<String> = self.table.columns.iter().map(|c| q(c)).collect();
+        let cols = cols.join(", ");
+        let locked = q(self.table.locked_until.map_or("locked_until", |c| c.name));
+        let target = match self.table.schema {
+            Some(sc) => format!("{}.{}", q(sc), q(target)),
+            None => q(target),
+        };
+        let idp = s.p(P::Id);
+        let mut cond = format!("{} = {idp}", q(self.table.id.name));
+        if fenced {
+            let l = s.p(P::Lease);
+            cond.push_str(&format!(" AND {locked} = {l}"));
+        }
+        s.sql = format!(
+            "INSERT INTO {target} ({cols}) SELECT {cols} FROM {} WHERE {cond}",
+            self.qualified
+        );
+        s
+    }
+
+    /// Whether the table has no statement for `s` (a role it lacks).
+    pub(crate) fn lacks(s: &Stmt) -> bool {
+        s.is_empty()
+    }
+}
