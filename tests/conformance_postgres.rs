@@ -1,0 +1,79 @@
+//! The core's conformance suite, unchanged, on Postgres: a fresh schema per test, so parallel
+//! tests and repeated runs never meet.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ConfRow, PG_CONF_SCHEMA, postgres_url};
+use sqlx::Connection;
+use sqlx::postgres::PgPoolOptions;
+use stagedoor_jobs::conformance::Fixture;
+use stagedoor_jobs_sqlx::{SqlxBroker, SqlxRoute};
+
+struct PostgresFixture;
+
+async fn fresh(lease: Option<Duration>) -> SqlxRoute<sqlx::Postgres, ConfRow> {
+    let url = postgres_url();
+    let schema = format!("conf_{}", uuid_like());
+    let mut conn = sqlx::PgConnection::connect(&url)
+        .await
+        .expect("connect to DATABASE_URL");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA {schema}; SET search_path TO {schema}; {PG_CONF_SCHEMA}"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("create the schema and table");
+    conn.close().await.expect("close");
+    let search_path = schema.clone();
+    let options = PgPoolOptions::new()
+        .max_connections(5)
+        .after_connect(move |conn, _| {
+            let sql = format!("SET search_path TO {search_path}");
+            Box::pin(async move {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                    .execute(conn)
+                    .await?;
+                Ok(())
+            })
+        });
+    let mut broker = SqlxBroker::from_url(url, options).poll_interval(Duration::from_millis(50));
+    if let Some(l) = lease {
+        broker = broker.lease(l);
+    }
+    broker.route::<ConfRow>("cf")
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!(
+        "{}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+impl Fixture for PostgresFixture {
+    type Broker = SqlxRoute<sqlx::Postgres, ConfRow>;
+
+    async fn broker(&self) -> Self::Broker {
+        fresh(None).await
+    }
+
+    async fn broker_with_lease(&self, lease: Duration) -> Self::Broker {
+        fresh(Some(lease)).await
+    }
+
+    fn paused(&self) -> bool {
+        false
+    }
+}
+
+stagedoor_jobs::conformance_tests!(PostgresFixture);

@@ -1,0 +1,49 @@
+//! The core's conformance suite, unchanged, on SQLite: a fresh database file per test.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ConfRow, SQLITE_CONF_SCHEMA, fresh_sqlite_url};
+use sqlx::Connection;
+use sqlx::sqlite::SqlitePoolOptions;
+use stagedoor_jobs::conformance::Fixture;
+use stagedoor_jobs_sqlx::{SqlxBroker, SqlxRoute};
+
+struct SqliteFixture;
+
+async fn fresh(lease: Option<Duration>) -> SqlxRoute<sqlx::Sqlite, ConfRow> {
+    let url = fresh_sqlite_url("conf");
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("create the database");
+    sqlx::raw_sql(SQLITE_CONF_SCHEMA)
+        .execute(&mut conn)
+        .await
+        .expect("create the table");
+    conn.close().await.expect("close");
+    let mut broker = SqlxBroker::from_url(url, SqlitePoolOptions::new())
+        .poll_interval(Duration::from_millis(20));
+    if let Some(l) = lease {
+        broker = broker.lease(l);
+    }
+    broker.route::<ConfRow>("cf")
+}
+
+impl Fixture for SqliteFixture {
+    type Broker = SqlxRoute<sqlx::Sqlite, ConfRow>;
+
+    async fn broker(&self) -> Self::Broker {
+        fresh(None).await
+    }
+
+    async fn broker_with_lease(&self, lease: Duration) -> Self::Broker {
+        fresh(Some(lease)).await
+    }
+
+    fn paused(&self) -> bool {
+        false
+    }
+}
+
+stagedoor_jobs::conformance_tests!(SqliteFixture);
