@@ -20,7 +20,7 @@ use stagedoor_jobs::{Clock, Envelope, Inbox, Job, JobId};
 
 use crate::broker::{Source, SqlxBroker};
 use crate::headers::HeaderDoc;
-use crate::sql::{P, Statements, Stmt, validate};
+use crate::sql::{CHANNEL, Flavor, P, Statements, Stmt, validate};
 
 #[allow(unreachable_pub)]
 pub(crate) mod sealed {
@@ -392,8 +392,8 @@ macro_rules! impl_for {
                     let (queue, envelope, at) = job.into_parts(self.broker.now());
                     let id = envelope.id().clone();
                     let v = self.encode_job(&queue, &envelope, at)?;
-                    query(&stmts.insert, &v, &Row::TABLE).execute(&mut *conn).await.map_err(db_err)?;
-                    self.notify_in(&mut *conn, &queue).await?;
+                    query(&stmts.insert_notify, &v, &Row::TABLE).execute(&mut *conn).await.map_err(db_err)?;
+                    self.broker.shared.wake.notify_waiters();
                     Ok(id)
                 }
             }
@@ -403,9 +403,6 @@ macro_rules! impl_for {
 
 impl_for!(sqlx::Sqlite, sqlite_impl);
 impl_for!(sqlx::Postgres, postgres_impl);
-
-/// The channel Postgres workers listen on.
-const CHANNEL: &str = "stagedoor_jobs";
 
 impl<Row: Inbox> SqlxRoute<sqlx::Sqlite, Row> {
     async fn notify_in(
@@ -658,7 +655,22 @@ macro_rules! impl_broker {
                         limit: i64::try_from(max).unwrap_or(i64::MAX),
                         ..Vals::default()
                     };
-                    let rows = self.fetch(&stmts, &stmts.claim, &v).await?;
+                    let rows = if stmts.table.fifo && <$db as sealed::Sealed>::FLAVOR == Flavor::Postgres {
+                        // One row per group in work: claims of a FIFO group are serialised by a
+                        // transaction-scoped advisory lock (SKIP LOCKED alone would let a second
+                        // worker take the row behind a locked head).
+                        let mut tx = self.pool()?.begin().await.map_err(db_err)?;
+                        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                            .bind(format!("{}:{queue}", stmts.qualified))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db_err)?;
+                        let rows = $module::query(&stmts.claim, &v, &stmts.table).fetch_all(&mut *tx).await.map_err(db_err)?;
+                        tx.commit().await.map_err(db_err)?;
+                        rows.iter().map(|r| $module::read(r, &stmts.table).map_err(db_err)).collect::<Result<Vec<_>, _>>()?
+                    } else {
+                        self.fetch(&stmts, &stmts.claim, &v).await?
+                    };
                     if !rows.is_empty() {
                         let mut out = Vec::with_capacity(rows.len());
                         for r in rows {
@@ -777,12 +789,18 @@ macro_rules! impl_broker {
                 for (envelope, at) in &jobs {
                     vals.push(self.encode_job(queue, envelope, *at)?);
                 }
-                let mut tx = self.pool()?.begin().await.map_err(db_err)?;
-                for v in &vals {
-                    $module::query(&stmts.insert, v, &Row::TABLE).execute(&mut *tx).await.map_err(db_err)?;
+                if let [v] = &vals[..] {
+                    // One job: one statement (its NOTIFY included on Postgres).
+                    $module::query(&stmts.insert_notify, v, &Row::TABLE).execute(self.pool()?).await.map_err(db_err)?;
+                } else {
+                    let mut tx = self.pool()?.begin().await.map_err(db_err)?;
+                    for v in &vals {
+                        $module::query(&stmts.insert, v, &Row::TABLE).execute(&mut *tx).await.map_err(db_err)?;
+                    }
+                    self.notify_in(&mut tx, queue).await?;
+                    tx.commit().await.map_err(db_err)?;
                 }
-                self.notify_in(&mut tx, queue).await?;
-                tx.commit().await.map_err(db_err)?;
+                self.broker.shared.wake.notify_waiters();
                 Ok(())
             }
 

@@ -69,6 +69,9 @@ impl Stmt {
     }
 }
 
+/// The channel Postgres workers listen on.
+pub(crate) const CHANNEL: &str = "stagedoor_jobs";
+
 fn q(name: &str) -> String {
     format!("\"{name}\"")
 }
@@ -86,6 +89,8 @@ pub(crate) struct Statements {
     pub(crate) retry_keep_place: Stmt,
     pub(crate) dead_group: Stmt,
     pub(crate) insert: Stmt,
+    /// The insert, and on Postgres a `NOTIFY` in the same statement (delivered at commit).
+    pub(crate) insert_notify: Stmt,
     pub(crate) stats: Stmt,
     pub(crate) list: Stmt,
     pub(crate) replay_group: Stmt,
@@ -307,6 +312,19 @@ impl Statements {
             );
         }
 
+        let insert_notify = match flavor {
+            Flavor::Sqlite => insert.clone(),
+            Flavor::Postgres => {
+                let mut s = insert.clone();
+                let g = s.p(P::Group);
+                s.sql = format!(
+                    "WITH ins AS ({} RETURNING 1) SELECT pg_notify('{CHANNEL}', CAST({g} AS TEXT)) FROM ins",
+                    s.sql
+                );
+                s
+            }
+        };
+
         let group_cond = |s: &mut Stmt| -> String {
             let g = s.p(P::Group);
             match &group {
@@ -421,6 +439,7 @@ impl Statements {
             retry_keep_place,
             dead_group,
             insert,
+            insert_notify,
             stats,
             list,
             replay_group,
