@@ -218,6 +218,10 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         doc.origin
             .clone()
             .or_else(|| self.inner.origins.lock().expect("lock").get(dead).cloned())
+            // A table without a group column has one queue: a dead letter of it failed there,
+            // even when no service checked this route (an operator's replay) and the table
+            // has no headers column to record the origin.
+            .or_else(|| (!self.grouped()).then(|| self.default_group.to_string()))
             .or_else(|| dead.strip_suffix(".dead").map(str::to_owned))
     }
 
@@ -252,6 +256,10 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         }
     }
 }
+
+/// How close to now a due time counts as now in queue stats: rows published by other tasks
+/// carry their publisher's "now", a few microseconds off this one's.
+const STATS_TOLERANCE: chrono::Duration = chrono::Duration::milliseconds(10);
 
 fn db_err(e: sqlx::Error) -> BrokerError {
     match e {
@@ -628,6 +636,39 @@ macro_rules! impl_broker {
                         }
                     }
                 }
+                // A dead letter moved to another table keeps its id (a replay brings it back
+                // with it). SQLite gives a new row the id of a deleted one unless the id column
+                // is AUTOINCREMENT, so a later row could take the id of a dead letter: it could
+                // then never be moved into the dead table (the copy conflicts; the row is claimed
+                // again after every lease, forever), nor that dead letter be replayed.
+                if <$db as sealed::Sealed>::FLAVOR == Flavor::Sqlite
+                    && !self.grouped()
+                    && table.id.generated
+                    && table.id.ty == ColumnType::Integer
+                    && mounts.iter().any(|m| m.dead_letter.is_some())
+                {
+                    let master = match table.schema {
+                        Some(s) => format!("\"{s}\".sqlite_master"),
+                        None => "sqlite_master".to_owned(),
+                    };
+                    let ddl: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+                        "SELECT sql FROM {master} WHERE type = 'table' AND name = $1"
+                    )))
+                    .bind(table.name)
+                    .fetch_optional(pool)
+                    .await
+                    .ok()
+                    .flatten();
+                    if ddl.is_some_and(|d| !d.to_ascii_uppercase().contains("AUTOINCREMENT")) {
+                        problems.push(Problem {
+                            mount: format!("table `{}`", table.name),
+                            message: format!(
+                                "its dead letters move to another table with their ids, and SQLite gives new rows the ids of deleted ones unless the id is declared `{} INTEGER PRIMARY KEY AUTOINCREMENT`: a row that takes a dead letter's id could never be dead-lettered; declare the id column so",
+                                table.id.name
+                            ),
+                        });
+                    }
+                }
                 if table.retry_after.is_none() {
                     tracing::warn!(table = table.name, "no retry_after column: retry_after(d) and delayed jobs return the row at once");
                 }
@@ -771,7 +812,7 @@ macro_rules! impl_broker {
                             let copy = stmts.copy_into(&target, true);
                             let n = query(&copy, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
                             if n == 1 {
-                                query(&dead.clear_lease, &v, &dead.table).execute(&mut *tx).await.map_err(db_err)?;
+                                query(&dead.mark_dead, &v, &dead.table).execute(&mut *tx).await.map_err(db_err)?;
                                 query(&stmts.delete_by_id, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?;
                                 tx.commit().await.map_err(db_err)?;
                             }
@@ -926,9 +967,13 @@ macro_rules! impl_broker {
 
             async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
                 let stmts = self.stmts_for(queue)?;
+                // The connection first, then the time: a row published "now" by another task
+                // while this query waited for a connection must not look delayed. A job due
+                // within STATS_TOLERANCE counts as ready.
+                let mut conn = self.pool()?.acquire().await.map_err(db_err)?;
                 let now = self.broker.now();
-                let v = Vals { group: Some(queue.to_owned()), now: Some(now), ..Vals::default() };
-                let row = $module::query(&stmts.stats, &v, &stmts.table).fetch_one(self.pool()?).await.map_err(db_err)?;
+                let v = Vals { group: Some(queue.to_owned()), now: Some(now + STATS_TOLERANCE), ..Vals::default() };
+                let row = $module::query(&stmts.stats, &v, &stmts.table).fetch_one(&mut *conn).await.map_err(db_err)?;
                 let n = |i: usize| -> Result<u64, BrokerError> {
                     Ok(u64::try_from(row.try_get::<i64, _>(i).map_err(db_err)?).unwrap_or(0))
                 };

@@ -97,7 +97,10 @@ pub(crate) struct Statements {
     pub(crate) purge: Stmt,
     pub(crate) next_due: Stmt,
     pub(crate) delete_by_id: Stmt,
+    /// A replayed row: no lease, due now, attempt reset to 1.
     pub(crate) clear_lease: Stmt,
+    /// A row moved into a dead-letter table: no lease, its error; its attempt kept.
+    pub(crate) mark_dead: Stmt,
 }
 
 /// Validates a table's names and roles; every problem, each naming the fix.
@@ -407,27 +410,33 @@ impl Statements {
             delete_by_id.sql = format!("DELETE FROM {t} WHERE {idc}");
         }
 
-        let mut clear_lease = Stmt::default();
-        {
+        // A row just copied into a table: no lease, due now, the error and headers of the move.
+        // A replayed row also starts counting again (`reset_attempt`); a dead letter keeps the
+        // attempt it had when it failed (seed 002: "payload and attempt as they were").
+        let build_clear = |reset_attempt: bool| {
+            let mut s = Stmt::default();
             let mut sets = vec![format!("{locked} = NULL")];
-            if let Some(a) = &attempt {
+            if let (Some(a), true) = (&attempt, reset_attempt) {
                 sets.push(format!("{a} = 1"));
             }
             if let Some(d) = &due {
-                let p = clear_lease.p(P::Now);
+                let p = s.p(P::Now);
                 sets.push(format!("{d} = {p}"));
             }
             if let Some(e) = col(table.last_error) {
-                let p = clear_lease.p(P::Error);
+                let p = s.p(P::Error);
                 sets.push(format!("{e} = {p}"));
             }
             if let Some(h) = col(table.headers) {
-                let p = clear_lease.p(P::Headers);
+                let p = s.p(P::Headers);
                 sets.push(format!("{h} = {p}"));
             }
-            let idc = id_cond(&mut clear_lease);
-            clear_lease.sql = format!("UPDATE {t} SET {} WHERE {idc}", sets.join(", "));
-        }
+            let idc = id_cond(&mut s);
+            s.sql = format!("UPDATE {t} SET {} WHERE {idc}", sets.join(", "));
+            s
+        };
+        let clear_lease = build_clear(true);
+        let mark_dead = build_clear(false);
 
         Self {
             table,
@@ -447,6 +456,7 @@ impl Statements {
             next_due,
             delete_by_id,
             clear_lease,
+            mark_dead,
         }
     }
 

@@ -75,6 +75,8 @@ pub use mount::{
 };
 pub use outcome::{BoxError, Failure, FailureCause, HandlerOutcome, IntoOutcome};
 pub use service::{AppInfo, Running, Service, ServiceError};
+/// `#[derive(Inbox)]`: describes a job table for the SQL backend (the trait of the same name).
+pub use stagedoor_jobs_macros::Inbox;
 pub use stagedoor_jobs_macros::subscriber;
 pub use subscription::{ByName, IntoSubscriber, QueueDescriptor, QueueFor, Subscriber};
 
@@ -115,6 +117,7 @@ pub mod prelude {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::extract::FromJob;
+    pub use crate::inbox::{Column, ColumnType, Inbox, Table, roles};
     pub use crate::outcome::IntoOutcome;
     pub use crate::subscription::{ByName, IntoSubscriber, QueueDescriptor, Subscriber};
 

@@ -410,6 +410,14 @@ impl Broker for MemoryBroker {
             let mut mem = self.mem();
             let Mem { queues, seq, .. } = &mut *mem;
             for (key, letter) in selected {
+                // A job whose id is back in its queue already is left where it is.
+                if queues
+                    .get(&letter.origin)
+                    .is_some_and(|q| q.ids.contains(letter.envelope.id()))
+                {
+                    report.skipped += 1;
+                    continue;
+                }
                 let Some(stored) = queues.get_mut(dead).and_then(|q| q.waiting.remove(&key)) else {
                     report.skipped += 1;
                     continue;
@@ -418,10 +426,7 @@ impl Broker for MemoryBroker {
                     q.ids.remove(stored.envelope.id());
                 }
                 let origin = queues.entry(letter.origin.clone()).or_default();
-                if !origin.ids.insert(stored.envelope.id().clone()) {
-                    report.skipped += 1;
-                    continue;
-                }
+                origin.ids.insert(stored.envelope.id().clone());
                 *seq += 1;
                 let envelope = stored.envelope.with_attempt(0);
                 origin.waiting.insert(
@@ -455,13 +460,15 @@ impl Broker for MemoryBroker {
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
-        let now = self.now();
+        // The lock first, then the clock: a settlement cannot land between the two.
         let mem = self.mem();
+        let now = self.now();
         let Some(q) = mem.queues.get(queue) else {
             return Ok(QueueStats::default());
         };
         let mut s = QueueStats {
-            pending: q.running.len() as u64,
+            pending: q.running.values().filter(|r| r.lease_until > now).count() as u64,
+            ready: q.running.values().filter(|r| r.lease_until <= now).count() as u64,
             ..QueueStats::default()
         };
         for (due, _) in q.waiting.keys() {

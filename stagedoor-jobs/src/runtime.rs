@@ -30,6 +30,8 @@ const MAX_BATCH: usize = 64;
 /// Sees every settled delivery (the test harness records them; metrics will count them).
 pub(crate) trait Observer: Send + Sync + 'static {
     fn settled(&self, subscriber: &str, queue: &str, envelope: &Envelope, settlement: &Settlement);
+    /// The settlement last reported for this delivery did not take effect (its lease was lost).
+    fn lease_lost(&self, subscriber: &str, queue: &str, envelope: &Envelope);
 }
 
 /// What every worker loop of a running service shares.
@@ -39,6 +41,8 @@ pub(crate) struct RunCtx {
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) observers: Arc<[Arc<dyn Observer>]>,
+    /// Deliveries this service has claimed and not yet finished with (settled or abandoned).
+    pub(crate) in_flight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// A route with its broker type erased.
@@ -252,6 +256,16 @@ impl MountSpec {
     }
 }
 
+/// Counts one delivery out of the service's in-flight count when dropped (settled, or its task
+/// aborted at the shutdown deadline).
+struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// One claim loop: a queue of one broker.
 struct Worker<B> {
     broker: B,
@@ -294,12 +308,17 @@ impl<B: Broker> Worker<B> {
                         tracing::info!(queue = %this.queue.name, "claiming again after {failures} failed attempts");
                         failures = 0;
                     }
+                    this.ctx
+                        .in_flight
+                        .fetch_add(deliveries.len(), std::sync::atomic::Ordering::SeqCst);
                     for d in deliveries {
                         let permit = permits.pop().expect("no more deliveries than permits");
                         let w = Arc::clone(&this);
+                        let done = InFlight(Arc::clone(&this.ctx.in_flight));
                         running.spawn(async move {
                             w.process(d).await;
                             drop(permit);
+                            drop(done);
                         });
                     }
                 }
@@ -392,13 +411,17 @@ impl<B: Broker> Worker<B> {
                     self.settle(&spec.subscriber, &delivery, s).await;
                     return;
             }
-            let _slot = mount.permits.acquire().await.expect("semaphore never closed");
-            let ctx = Arc::new(JobContext::new(
-                Arc::clone(&self.queue.name),
-                env.clone(),
-                Arc::clone(&self.ctx.state),
-            ));
-            let run = CatchPanic::new(spec.handler.run(ctx));
+            // The lease is renewed from here on, while the delivery waits for a slot of its
+            // mount and while its handler runs.
+            let run = async {
+                let _slot = mount.permits.acquire().await.expect("semaphore never closed");
+                let ctx = Arc::new(JobContext::new(
+                    Arc::clone(&self.queue.name),
+                    env.clone(),
+                    Arc::clone(&self.ctx.state),
+                ));
+                CatchPanic::new(spec.handler.run(ctx)).await
+            };
             let ran = self.with_renewal(&delivery, run).await;
             let settlement = match ran {
                 Ok(Ran::Verdict(Verdict::Ack)) => Settlement::Ack,
@@ -493,6 +516,8 @@ impl<B: Broker> Worker<B> {
         delivery: &Delivery<B::Receipt>,
         settlement: Settlement,
     ) {
+        // Observers see the settlement before it is made, so they see settlements in the
+        // order they happen; one that turns out fenced is taken back.
         for o in self.ctx.observers.iter() {
             o.settled(
                 subscriber,
@@ -510,6 +535,9 @@ impl<B: Broker> Worker<B> {
             {
                 Ok(Settled::Done) => return,
                 Ok(Settled::LeaseLost) => {
+                    for o in self.ctx.observers.iter() {
+                        o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
+                    }
                     tracing::warn!(
                         "the lease was lost before settling: the job was reclaimed by another worker, whose outcome stands; nothing changed"
                     );

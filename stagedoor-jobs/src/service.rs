@@ -271,7 +271,9 @@ impl Service {
             }
         }
         let (stop_tx, stop_rx) = watch::channel(false);
+        let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let ctx = RunCtx {
+            in_flight: Arc::clone(&in_flight),
             state: Arc::new(std::mem::take(&mut self.state)),
             stop: stop_rx,
             shutdown_timeout: self.shutdown_timeout,
@@ -292,6 +294,7 @@ impl Service {
             stop: stop_tx,
             tasks,
             routes: self.routes,
+            in_flight,
         })
     }
 
@@ -339,6 +342,7 @@ pub struct Running {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
     pub(crate) routes: Vec<Arc<dyn ErasedRoute>>,
+    pub(crate) in_flight: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl fmt::Debug for Running {

@@ -94,6 +94,18 @@ struct Recorder {
 }
 
 impl Observer for Recorder {
+    fn lease_lost(&self, subscriber: &str, queue: &str, envelope: &Envelope) {
+        let mut records = self.records.lock().expect("recorder lock");
+        if let Some(pos) = records.iter().rposition(|r| {
+            r.subscriber == subscriber
+                && r.queue == queue
+                && r.job_id == *envelope.id()
+                && r.attempt == envelope.attempt()
+        }) {
+            records.remove(pos);
+        }
+    }
+
     fn settled(&self, subscriber: &str, queue: &str, envelope: &Envelope, settlement: &Settlement) {
         let outcome = match settlement {
             Settlement::Ack => Outcome::Acked,
@@ -216,25 +228,47 @@ impl TestApp {
     /// stay delayed. Panics with what is still busy after [`drain_timeout`](Self::drain_timeout).
     pub async fn drain(&self) {
         let started = tokio::time::Instant::now();
+        // Deliveries the broker reports as running that no handler of this app holds (a worker
+        // that died, a handler abandoned at a shutdown deadline) are not waited for: their
+        // lease returns them. The claim itself opens a window of microseconds in which a
+        // delivery is the broker's and not yet this app's, so such foreign deliveries are
+        // ignored only once they have lasted a moment.
+        let mut foreign_since: Option<tokio::time::Instant> = None;
         loop {
             let mut busy = Vec::new();
+            let mut pending = 0;
             for (route, queue) in self.subscribed() {
                 // A job made due "now" by a retry that settled while the stats were read can
                 // count as delayed for an instant: a delayed job due within the margin is busy.
                 let soon = self.now() + self.due_margin();
                 if let Some(t) = route.next_due(queue).await
                     && t <= soon
+                    && !self.is_lease_expiry(route, queue, t).await
                 {
                     busy.push(format!("{queue}: a job due at {t}"));
                     continue;
                 }
                 match route.stats(queue).await {
-                    Ok(s) if s.ready == 0 && s.pending == 0 => {}
+                    Ok(s) if s.ready == 0 => pending += s.pending,
                     Ok(s) => {
                         busy.push(format!("{queue}: {} ready, {} running", s.ready, s.pending))
                     }
                     Err(e) => busy.push(format!("{queue}: {e}")),
                 }
+            }
+            let in_flight = self
+                .running
+                .as_ref()
+                .map_or(0, |r| r.in_flight.load(std::sync::atomic::Ordering::SeqCst));
+            if in_flight > 0 {
+                busy.push(format!("{in_flight} handlers running"));
+            } else if pending > 0 && busy.is_empty() {
+                let since = *foreign_since.get_or_insert_with(tokio::time::Instant::now);
+                if since.elapsed() < Duration::from_millis(200) {
+                    busy.push(format!("{pending} deliveries claimed"));
+                }
+            } else {
+                foreign_since = None;
             }
             if busy.is_empty() {
                 return;
@@ -248,6 +282,21 @@ impl TestApp {
             }
             tokio::time::sleep(Duration::from_millis(if self.live { 20 } else { 1 })).await;
         }
+    }
+
+    /// Whether `t`, a queue's next due time, is only the lease expiry of a running delivery
+    /// (which the harness must not wait for).
+    async fn is_lease_expiry(
+        &self,
+        route: &Arc<dyn ErasedRoute>,
+        queue: &str,
+        t: DateTime<Utc>,
+    ) -> bool {
+        t > self.now()
+            && route
+                .stats(queue)
+                .await
+                .is_ok_and(|s| s.ready == 0 && s.delayed == 0)
     }
 
     fn due_margin(&self) -> chrono::Duration {

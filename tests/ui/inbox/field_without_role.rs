@@ -1,0 +1,19 @@
+//! `#[field]` without a role.
+#![allow(dead_code)]
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::Inbox;
+
+#[derive(Inbox)]
+#[inbox(table = "mail_jobs")]
+struct SendMail {
+    #[field(id, generated)]
+    id: i64,
+    #[field]
+    name: String,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+}
+
+fn main() {}

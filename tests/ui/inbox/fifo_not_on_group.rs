@@ -1,0 +1,17 @@
+//! `fifo` on a role other than `group`.
+#![allow(dead_code)]
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::Inbox;
+
+#[derive(Inbox)]
+#[inbox(table = "mail_jobs")]
+struct SendMail {
+    #[field(id, generated)]
+    id: i64,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload, fifo)]
+    payload: Vec<u8>,
+}
+
+fn main() {}

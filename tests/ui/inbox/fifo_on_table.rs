@@ -1,0 +1,19 @@
+//! `fifo` on the struct instead of the group field.
+#![allow(dead_code)]
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::Inbox;
+
+#[derive(Inbox)]
+#[inbox(table = "mail_jobs", fifo)]
+struct SendMail {
+    #[field(id, generated)]
+    id: i64,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+    #[field(group)]
+    name: String,
+}
+
+fn main() {}

@@ -1,0 +1,15 @@
+//! No `#[field(id)]`.
+#![allow(dead_code)]
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::Inbox;
+
+#[derive(Inbox)]
+#[inbox(table = "mail_jobs")]
+struct SendMail {
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+}
+
+fn main() {}

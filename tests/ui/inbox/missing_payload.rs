@@ -1,0 +1,15 @@
+//! No `#[field(payload)]`.
+#![allow(dead_code)]
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::Inbox;
+
+#[derive(Inbox)]
+#[inbox(table = "mail_jobs")]
+struct SendMail {
+    #[field(id, generated)]
+    id: i64,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+}
+
+fn main() {}

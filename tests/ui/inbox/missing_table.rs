@@ -1,0 +1,16 @@
+//! No `#[inbox(table = ..)]`: the struct names no table.
+#![allow(dead_code)]
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::Inbox;
+
+#[derive(Inbox, Debug)]
+struct SendMail {
+    #[field(id, generated)]
+    id: i64,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+}
+
+fn main() {}

@@ -1,0 +1,17 @@
+//! A typo of a required role: the unknown role is the only error (not "no `payload` column").
+#![allow(dead_code)]
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::Inbox;
+
+#[derive(Inbox)]
+#[inbox(table = "mail_jobs")]
+struct SendMail {
+    #[field(id, generated)]
+    id: i64,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(paylod)]
+    payload: Vec<u8>,
+}
+
+fn main() {}

@@ -1,0 +1,19 @@
+//! A role that does not exist (a typo of `retry_after`).
+#![allow(dead_code)]
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::Inbox;
+
+#[derive(Inbox)]
+#[inbox(table = "mail_jobs")]
+struct SendMail {
+    #[field(id, generated)]
+    id: i64,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+    #[field(retry_at)]
+    retry_at: DateTime<Utc>,
+}
+
+fn main() {}
