@@ -96,7 +96,7 @@ async fn send(mail: &Mail, Ctx(attempt): Ctx<keys::Attempt>) -> HandlerOutcome {
         }
         // The provider's rate limit is spent: a retry right now would be refused again.
         Err(Refusal::Busy) => {
-            let wait = BACKOFF * u32::try_from(attempt).unwrap_or(u32::MAX);
+            let wait = BACKOFF * attempt;
             println!(
                 "busy      {:<24} attempt {attempt}: retry after {wait:?}",
                 mail.to
