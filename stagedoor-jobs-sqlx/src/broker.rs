@@ -21,6 +21,8 @@ pub(crate) struct Shared<DB: Database> {
     pub(crate) pool: OnceCell<Pool<DB>>,
     /// Woken when this process publishes or settles, and on Postgres notifications.
     pub(crate) wake: Notify,
+    /// Counts wake-ups, so an idle claim knows whether anything happened since it last looked.
+    pub(crate) wakes: std::sync::atomic::AtomicU64,
     pub(crate) clock: Mutex<Clock>,
     pub(crate) listening: std::sync::atomic::AtomicBool,
     pub(crate) url_for_messages: String,
@@ -76,6 +78,7 @@ impl<DB: Database> SqlxBroker<DB> {
                 source: Mutex::new(Some(source)),
                 pool: OnceCell::new(),
                 wake: Notify::new(),
+                wakes: std::sync::atomic::AtomicU64::new(0),
                 clock: Mutex::new(Clock::system()),
                 listening: std::sync::atomic::AtomicBool::new(false),
                 url_for_messages,
@@ -139,6 +142,15 @@ impl<DB: Database> SqlxBroker<DB> {
 
     pub(crate) fn set_clock(&self, clock: &Clock) {
         *self.shared.clock.lock().expect("clock lock") = clock.clone();
+        self.wake_all();
+    }
+
+    /// Wakes this process's idle claims: something may be due (a publish, a settlement, a
+    /// notification, the harness's clock).
+    pub(crate) fn wake_all(&self) {
+        self.shared
+            .wakes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.shared.wake.notify_waiters();
     }
 

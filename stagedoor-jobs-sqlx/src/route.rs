@@ -100,7 +100,16 @@ pub(crate) struct RowRead {
     enqueued_at: Option<DateTime<Utc>>,
 }
 
+/// A queue whose last claim found nothing: until when there is no need to look again, unless
+/// something wakes this process.
+#[derive(Clone, Copy)]
+struct Idle {
+    until: tokio::time::Instant,
+    wakes: u64,
+}
+
 struct RouteInner {
+    idle: Mutex<HashMap<String, Idle>>,
     stmts: Result<Arc<Statements>, Vec<String>>,
     dead_tables: Mutex<HashMap<String, Arc<Statements>>>,
     origins: Mutex<HashMap<String, String>>,
@@ -150,6 +159,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             broker,
             default_group: Arc::from(group),
             inner: Arc::new(RouteInner {
+                idle: Mutex::new(HashMap::new()),
                 stmts,
                 dead_tables: Mutex::new(HashMap::new()),
                 origins: Mutex::new(HashMap::new()),
@@ -401,7 +411,7 @@ macro_rules! impl_for {
                     let id = envelope.id().clone();
                     let v = self.encode_job(&queue, &envelope, at)?;
                     query(&stmts.insert_notify, &v, &Row::TABLE).execute(&mut *conn).await.map_err(db_err)?;
-                    self.broker.shared.wake.notify_waiters();
+                    self.broker.wake_all();
                     Ok(id)
                 }
             }
@@ -418,7 +428,7 @@ impl<Row: Inbox> SqlxRoute<sqlx::Sqlite, Row> {
         _conn: &mut sqlx::SqliteConnection,
         _queue: &str,
     ) -> Result<(), BrokerError> {
-        self.broker.shared.wake.notify_waiters();
+        self.broker.wake_all();
         Ok(())
     }
 
@@ -464,7 +474,7 @@ impl<Row: Inbox> SqlxRoute<sqlx::Postgres, Row> {
             .execute(&mut *conn)
             .await
             .map_err(db_err)?;
-        self.broker.shared.wake.notify_waiters();
+        self.broker.wake_all();
         Ok(())
     }
 
@@ -509,7 +519,7 @@ async fn listen(broker: SqlxBroker<sqlx::Postgres>, pool: sqlx::PgPool) {
                     wait = Duration::from_millis(100);
                     loop {
                         match l.recv().await {
-                            Ok(_) => broker.shared.wake.notify_waiters(),
+                            Ok(_) => broker.wake_all(),
                             Err(e) => {
                                 tracing::warn!(error = %e, "the LISTEN connection broke; reconnecting");
                                 break;
@@ -683,10 +693,19 @@ macro_rules! impl_broker {
                 let stmts = self.stmts_for(queue)?;
                 let deadline = tokio::time::Instant::now() + wait;
                 let mut clock_rx = self.broker.clock().subscribe();
+                let mut looked_again = false;
                 loop {
                     let notified = self.broker.shared.wake.notified();
                     tokio::pin!(notified);
                     notified.as_mut().enable();
+                    let wakes = self.broker.shared.wakes.load(std::sync::atomic::Ordering::SeqCst);
+                    let idle = self.inner.idle.lock().expect("idle lock").get(queue).copied();
+                    // Nothing woke this process since a claim found the queue empty, and the
+                    // next row is not due yet: wait instead of asking again. A worker of an
+                    // idle queue queries once per poll interval (Postgres NOTIFY and this
+                    // process's own publishes wake it at once).
+                    let quiet = idle.is_some_and(|i| i.wakes == wakes && tokio::time::Instant::now() < i.until);
+                    if !quiet {
                     let now = self.broker.now();
                     let lease = now + chrono::Duration::from_std(self.broker.lease).unwrap_or(chrono::Duration::MAX);
                     let v = Vals {
@@ -723,7 +742,25 @@ macro_rules! impl_broker {
                                 receipt: SqlReceipt { id, lease: Mutex::new(r.lease.unwrap_or(lease)) },
                             });
                         }
+                        self.inner.idle.lock().expect("idle lock").remove(queue);
                         return Ok(out);
+                    }
+                    // Empty: look again at the next due time or after the poll interval. A row
+                    // due already but not claimable (its FIFO group is busy) waits for a wake-up
+                    // or the poll; one that became due just now is looked for once more at once.
+                    let next = self.next_due(queue).await;
+                    let mut until = tokio::time::Instant::now() + self.broker.poll;
+                    if let Some(t) = next {
+                        match (t - self.broker.now()).to_std() {
+                            Ok(d) if !d.is_zero() => until = until.min(tokio::time::Instant::now() + d),
+                            _ if !looked_again => {
+                                looked_again = true;
+                                continue;
+                            }
+                            _ => {}
+                        }
+                    }
+                    self.inner.idle.lock().expect("idle lock").insert(queue.to_owned(), Idle { until, wakes });
                     }
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     if left.is_zero() {
@@ -739,10 +776,14 @@ macro_rules! impl_broker {
                             None => std::future::pending::<()>().await,
                         }
                     };
+                    let until = self.inner.idle.lock().expect("idle lock").get(queue).map(|i| i.until);
+                    let nap = until.map_or(left, |u| left.min(u.saturating_duration_since(tokio::time::Instant::now())));
                     tokio::select! {
                         _ = notified => {}
-                        _ = clock_changed => {}
-                        _ = tokio::time::sleep(left.min(self.broker.poll)) => {}
+                        _ = clock_changed => {
+                            self.inner.idle.lock().expect("idle lock").remove(queue);
+                        }
+                        _ = tokio::time::sleep(nap) => {}
                     }
                 }
             }
@@ -820,7 +861,7 @@ macro_rules! impl_broker {
                         }
                     }
                 };
-                self.broker.shared.wake.notify_waiters();
+                self.broker.wake_all();
                 Ok(if n == 1 { Settled::Done } else { Settled::LeaseLost })
             }
 
@@ -841,7 +882,7 @@ macro_rules! impl_broker {
                     self.notify_in(&mut tx, queue).await?;
                     tx.commit().await.map_err(db_err)?;
                 }
-                self.broker.shared.wake.notify_waiters();
+                self.broker.wake_all();
                 Ok(())
             }
 
@@ -945,7 +986,7 @@ macro_rules! impl_broker {
                     }
                 }
                 if report.replayed > 0 {
-                    self.broker.shared.wake.notify_waiters();
+                    self.broker.wake_all();
                 }
                 Ok(report)
             }

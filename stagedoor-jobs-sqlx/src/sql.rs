@@ -398,10 +398,16 @@ impl Statements {
             purge.sql = format!("DELETE FROM {t} WHERE {idc} AND {gc}");
         }
 
+        // When the next row becomes claimable: a waiting row at its due time, a claimed one when
+        // its lease ends (its worker may have died).
         let mut next_due = Stmt::default();
-        if let Some(d) = &due {
+        {
             let gc = group_cond(&mut next_due);
-            next_due.sql = format!("SELECT MIN({d}) FROM {t} WHERE {gc} AND {locked} IS NULL");
+            let when = match &due {
+                Some(d) => format!("CASE WHEN {locked} IS NULL THEN {d} ELSE {locked} END"),
+                None => locked.clone(),
+            };
+            next_due.sql = format!("SELECT MIN({when}) FROM {t} WHERE {gc}");
         }
 
         let mut delete_by_id = Stmt::default();
