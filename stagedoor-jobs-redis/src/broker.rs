@@ -1,0 +1,1023 @@
+//! `RedisBroker`: the [`Broker`] on Redis Streams.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redis::{Value, cmd};
+use stagedoor_jobs::broker::{
+    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, QueueStats,
+    ReplayReport, Settled, Settlement,
+};
+use stagedoor_jobs::{Clock, Envelope};
+use tokio::sync::OnceCell;
+
+use crate::conn::{Conn, Target, cluster_client};
+use crate::entry::{self, Fields};
+use crate::keys::{DEAD_SUFFIX, Keys};
+use crate::scripts;
+use crate::value;
+
+/// The consumer group every worker joins.
+pub(crate) const GROUP: &str = "stagedoor";
+/// How long the dead stream grows before it is trimmed (approximately).
+const DEAD_MAXLEN: u64 = 10_000;
+/// Delayed jobs moved per script call.
+const MOVE_BATCH: usize = 100;
+
+/// A job backend on Redis Streams (seed 000): one stream per queue read by a consumer group,
+/// delayed jobs and retries in a sorted set, a dead stream `<stream>:dead`.
+///
+/// ```no_run
+/// # use stagedoor_jobs_redis::RedisBroker;
+/// // Nothing connects here: the service connects when it starts.
+/// let broker = RedisBroker::from_url("redis://127.0.0.1:6379/");
+/// ```
+#[derive(Clone)]
+pub struct RedisBroker {
+    inner: Arc<Inner>,
+    lease: Duration,
+    max_deliveries: u32,
+    namespace: String,
+}
+
+struct Inner {
+    target: Result<Target, String>,
+    url_for_messages: String,
+    conn: OnceCell<Conn>,
+    /// One connection per queue for blocking reads, which would hold up the shared one.
+    blocking: tokio::sync::Mutex<HashMap<String, Conn>>,
+    /// This process's consumer name in every group.
+    consumer: String,
+    /// When each queue last looked for entries to reclaim and for due delayed jobs.
+    housekeeping: Mutex<HashMap<String, Housekeeping>>,
+    /// Dead-stream entries trimmed away so far (also logged).
+    trimmed: AtomicU64,
+}
+
+#[derive(Clone, Copy)]
+struct Housekeeping {
+    reclaimed_at: Option<tokio::time::Instant>,
+    next_delayed: Option<tokio::time::Instant>,
+}
+
+/// A delivery's receipt: its entry, the delivery count it was claimed with (the fence), and
+/// its fields (a retry or a dead letter re-adds them).
+#[derive(Debug)]
+pub struct RedisReceipt {
+    id: String,
+    deliveries: u64,
+    fields: Fields,
+}
+
+impl fmt::Debug for RedisBroker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBroker")
+            .field("url", &self.inner.url_for_messages)
+            .field("consumer", &self.inner.consumer)
+            .field("lease", &self.lease)
+            .field("max_deliveries", &self.max_deliveries)
+            .finish()
+    }
+}
+
+fn mask(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
+        _ => url.to_owned(),
+    }
+}
+
+fn conn_err(e: redis::RedisError) -> BrokerError {
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+        BrokerError::Connection(e.to_string())
+    } else {
+        BrokerError::Backend(e.to_string())
+    }
+}
+
+fn ms(t: DateTime<Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+impl RedisBroker {
+    fn with_target(target: Result<Target, String>, url_for_messages: String) -> Self {
+        let consumer = format!(
+            "{}-{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned()),
+            std::process::id(),
+            &uuid::Uuid::now_v7().simple().to_string()[20..]
+        );
+        Self {
+            inner: Arc::new(Inner {
+                target,
+                url_for_messages,
+                conn: OnceCell::new(),
+                blocking: tokio::sync::Mutex::new(HashMap::new()),
+                consumer,
+                housekeeping: Mutex::new(HashMap::new()),
+                trimmed: AtomicU64::new(0),
+            }),
+            lease: Duration::from_secs(30),
+            max_deliveries: 3,
+            namespace: String::new(),
+        }
+    }
+
+    /// A broker for the server at `url` (`redis://[user:password@]host:port/db`, or
+    /// `rediss://` with the `tls` feature). No I/O happens here; a wrong URL or an unreachable
+    /// server is reported when the service starts.
+    pub fn from_url(url: impl AsRef<str>) -> Self {
+        let url = url.as_ref();
+        let target = if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+            Err(format!(
+                "`{}` asks for TLS: enable the `tls` feature of stagedoor-jobs-redis",
+                mask(url)
+            ))
+        } else {
+            redis::Client::open(url).map(Target::Single).map_err(|e| {
+                format!(
+                    "`{}` is not a Redis URL ({e}): write redis://[user:password@]host:port/db",
+                    mask(url)
+                )
+            })
+        };
+        Self::with_target(target, mask(url))
+    }
+
+    /// A broker for a Redis Cluster reached through any of `urls`.
+    pub fn cluster<S: AsRef<str>>(urls: impl IntoIterator<Item = S>) -> Self {
+        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
+        let shown = urls.iter().map(|u| mask(u)).collect::<Vec<_>>().join(",");
+        let target = cluster_client(&urls)
+            .map(|c| Target::Cluster(Box::new(c)))
+            .map_err(|e| format!("`{shown}` are not Redis Cluster URLs ({e})"));
+        Self::with_target(target, shown)
+    }
+
+    /// How long a delivery may go without being settled or renewed before another worker
+    /// reclaims it (default 30 s; the runtime renews every third of it).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How many deliveries an entry may have without being settled (each one a worker that
+    /// died) before it goes to the dead stream without running again (default 3, seed 000).
+    pub fn max_deliveries(mut self, n: u32) -> Self {
+        self.max_deliveries = n.max(1);
+        self
+    }
+
+    /// This worker's consumer name in the groups.
+    pub fn consumer(&self) -> &str {
+        &self.inner.consumer
+    }
+
+    /// Dead-stream entries trimmed away by this process (each trim is also logged).
+    pub fn trimmed(&self) -> u64 {
+        self.inner.trimmed.load(Ordering::Relaxed)
+    }
+
+    fn keys(&self, name: &str) -> Keys {
+        Keys::of(&self.namespace, name)
+    }
+
+    /// Puts every key of this broker in namespace `ns` (`{ns<queue>}`), so that several
+    /// applications or test runs share one server without meeting. Queue names are unchanged.
+    pub fn namespace(mut self, ns: impl Into<String>) -> Self {
+        self.namespace = ns.into();
+        self
+    }
+
+    fn conn(&self) -> Result<Conn, BrokerError> {
+        self.inner
+            .conn
+            .get()
+            .cloned()
+            .ok_or(BrokerError::NotConnected)
+    }
+
+    async fn blocking_conn(&self, queue: &str) -> Result<Conn, BrokerError> {
+        let mut map = self.inner.blocking.lock().await;
+        if let Some(c) = map.get(queue) {
+            return Ok(c.clone());
+        }
+        let target = self
+            .inner
+            .target
+            .as_ref()
+            .map_err(|e| BrokerError::Connection(e.clone()))?;
+        let c = target.connect().await.map_err(conn_err)?;
+        map.insert(queue.to_owned(), c.clone());
+        Ok(c)
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+
+    fn dead_fields(
+        &self,
+        fields: &Fields,
+        attempts: u32,
+        error: &str,
+        traceback: &str,
+        origin: &str,
+    ) -> Fields {
+        let mut f: Fields = fields
+            .iter()
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "attempts" | "error" | "traceback" | "failed_at" | "origin"
+                )
+            })
+            .cloned()
+            .collect();
+        f.push(("attempts".into(), attempts.to_string().into_bytes()));
+        f.push(("error".into(), error.as_bytes().to_vec()));
+        f.push(("traceback".into(), traceback.as_bytes().to_vec()));
+        f.push(("failed_at".into(), self.now().to_rfc3339().into_bytes()));
+        f.push(("origin".into(), origin.as_bytes().to_vec()));
+        f
+    }
+
+    fn note_trimmed(&self, dead: &str, n: i64) {
+        if n > 0 {
+            self.inner.trimmed.fetch_add(n as u64, Ordering::Relaxed);
+            tracing::warn!(
+                dead_stream = dead,
+                trimmed = n,
+                "the dead stream reached about {DEAD_MAXLEN} entries: its oldest were trimmed"
+            );
+        }
+    }
+
+    /// Dead-letters an entry this worker holds, in one step; returns whether it was still ours.
+    async fn dead_letter_held(
+        &self,
+        keys: &Keys,
+        (id, deliveries, fields): (&str, u64, &Fields),
+        attempts: u32,
+        error: &str,
+        traceback: &str,
+    ) -> Result<bool, BrokerError> {
+        let f = self.dead_fields(fields, attempts, error, traceback, &keys.name);
+        let job = entry::text(fields, "job_id").unwrap_or_default();
+        let mut c = self.conn()?;
+        let reply: Vec<i64> = scripts::DEAD
+            .key(&keys.stream)
+            .key(&keys.dead)
+            .key(&keys.ids)
+            .arg(GROUP)
+            .arg(&self.inner.consumer)
+            .arg(id)
+            .arg(deliveries)
+            .arg(&job)
+            .arg(DEAD_MAXLEN)
+            .arg(entry::flat(&f))
+            .invoke_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        self.note_trimmed(&keys.dead, reply.get(1).copied().unwrap_or(0));
+        Ok(reply.first() == Some(&1))
+    }
+
+    /// Moves due delayed jobs to the stream under the mover's lock; returns when the next is due.
+    async fn move_due(&self, keys: &Keys) -> Result<Option<DateTime<Utc>>, BrokerError> {
+        let mut c = self.conn()?;
+        let token = &self.inner.consumer;
+        let got: Option<String> = cmd("SET")
+            .arg(&keys.mover)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(5_000)
+            .query_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        if got.is_none() {
+            // Another worker is moving; look again soon.
+            return Ok(Some(self.now() + chrono::Duration::milliseconds(250)));
+        }
+        let result = async {
+            loop {
+                let reply: Value = scripts::MOVE_DUE
+                    .key(&keys.delayed)
+                    .key(&keys.stream)
+                    .arg(ms(self.now()))
+                    .arg(MOVE_BATCH)
+                    .invoke_async(&mut c)
+                    .await
+                    .map_err(conn_err)?;
+                let parts = value::array(&reply);
+                let moved = parts.first().and_then(value::int).unwrap_or(0);
+                let next = parts
+                    .get(1)
+                    .and_then(value::string)
+                    .and_then(|s| s.parse::<f64>().ok());
+                if moved < MOVE_BATCH as i64 {
+                    return Ok(next.and_then(|n| DateTime::<Utc>::from_timestamp_millis(n as i64)));
+                }
+            }
+        }
+        .await;
+        let _: Result<i64, _> = scripts::UNLOCK
+            .key(&keys.mover)
+            .arg(token)
+            .invoke_async(&mut c)
+            .await;
+        result
+    }
+
+    /// Reclaims entries idle past the lease (at most every quarter lease per queue).
+    async fn reclaim(
+        &self,
+        keys: &Keys,
+        max: usize,
+    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+        let mut c = self.conn()?;
+        let reply: Value = scripts::RECLAIM
+            .key(&keys.stream)
+            .key(&keys.dead)
+            .key(&keys.ids)
+            .arg(GROUP)
+            .arg(&self.inner.consumer)
+            .arg(self.lease.as_millis() as u64)
+            .arg(max)
+            .arg(self.max_deliveries)
+            .arg(DEAD_MAXLEN)
+            .arg(self.now().to_rfc3339())
+            .arg(&keys.name)
+            .invoke_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        let mut out = Vec::new();
+        for item in value::array(&reply) {
+            let [id, f, d] = value::array(item) else {
+                continue;
+            };
+            let (Some(id), fields, Some(d)) = (value::string(id), value::fields(f), value::int(d))
+            else {
+                continue;
+            };
+            let d = d.max(1) as u64;
+            if let Some(delivery) = self.delivery(keys, id, fields, d).await? {
+                out.push(delivery);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A delivery from an entry, or `None` when the entry is malformed (it is dead-lettered).
+    async fn delivery(
+        &self,
+        keys: &Keys,
+        id: String,
+        fields: Fields,
+        deliveries: u64,
+    ) -> Result<Option<Delivery<RedisReceipt>>, BrokerError> {
+        let spent = entry::attempts(&fields);
+        let attempt = spent.saturating_add(u32::try_from(deliveries).unwrap_or(u32::MAX));
+        match entry::decode(&fields, attempt) {
+            Ok(envelope) => Ok(Some(Delivery {
+                envelope,
+                receipt: RedisReceipt {
+                    id,
+                    deliveries,
+                    fields,
+                },
+            })),
+            Err(why) => {
+                let error = format!("malformed entry {id}: {why}");
+                tracing::error!(queue = %keys.name, "{error}: dead-lettered");
+                self.dead_letter_held(keys, (&id, deliveries, &fields), attempt, &error, "")
+                    .await?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn dead_letter_of(&self, dead: &str, id: String, fields: &Fields) -> DeadLetter {
+        let attempts = entry::attempts(fields);
+        let origin = entry::text(fields, "origin")
+            .unwrap_or_else(|| dead.trim_end_matches(DEAD_SUFFIX).to_owned());
+        let envelope = entry::decode(fields, attempts).unwrap_or_else(|_| {
+            Envelope::new(
+                String::new(),
+                entry::get(fields, "payload").unwrap_or_default().to_vec(),
+                Utc::now(),
+            )
+        });
+        DeadLetter {
+            id,
+            envelope,
+            origin,
+            error: entry::text(fields, "error").unwrap_or_default(),
+            traceback: entry::text(fields, "traceback").unwrap_or_default(),
+            attempts,
+            failed_at: entry::text(fields, "failed_at")
+                .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
+                .map_or_else(Utc::now, |t| t.with_timezone(&Utc)),
+        }
+    }
+}
+
+impl Broker for RedisBroker {
+    type Receipt = RedisReceipt;
+
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    async fn connect(&self) -> Result<(), BrokerError> {
+        let target = self
+            .inner
+            .target
+            .as_ref()
+            .map_err(|e| BrokerError::Connection(e.clone()))?;
+        let conn = self
+            .inner
+            .conn
+            .get_or_try_init(|| async {
+                target.connect().await.map_err(|e| {
+                    BrokerError::Connection(format!(
+                        "cannot reach Redis at `{}`: {e}: check the URL and that the server is running",
+                        self.inner.url_for_messages
+                    ))
+                })
+            })
+            .await?;
+        let mut c = conn.clone();
+        let info: String = cmd("INFO")
+            .arg("server")
+            .query_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("0")
+            .trim()
+            .to_owned();
+        let parts: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
+        let (major, minor) = (
+            parts.first().copied().unwrap_or(0),
+            parts.get(1).copied().unwrap_or(0),
+        );
+        if (major, minor) < (6, 2) {
+            return Err(BrokerError::Connection(format!(
+                "Redis {version} at `{}` is too old: stagedoor-jobs needs 6.2 or later (XAUTOCLAIM, ZRANGE BYSCORE)",
+                self.inner.url_for_messages
+            )));
+        }
+        Ok(())
+    }
+
+    async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        for m in mounts {
+            if let Some(dead) = &m.dead_letter {
+                let expected = format!("{}{DEAD_SUFFIX}", m.queue);
+                if *dead != expected {
+                    problems.push(Problem {
+                        mount: format!("mount `{}` on queue `{}`", m.subscriber, m.queue),
+                        message: format!(
+                            "on Redis a dead letter is its stream's dead stream, which shares the stream's hash tag so that the move is one atomic step: write `.dead_letter(\"{expected}\")`"
+                        ),
+                    });
+                }
+            }
+        }
+        problems
+    }
+
+    async fn prepare(&self, queue: &str) -> Result<(), BrokerError> {
+        let keys = self.keys(queue);
+        let mut c = self.conn()?;
+        let r: redis::RedisResult<Value> = cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&keys.stream)
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut c)
+            .await;
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("BUSYGROUP") => Ok(()),
+            Err(e) => Err(conn_err(e)),
+        }
+    }
+
+    async fn claim(
+        &self,
+        queue: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+        let keys = self.keys(queue);
+        let now = tokio::time::Instant::now();
+        let hk = self
+            .inner
+            .housekeeping
+            .lock()
+            .expect("lock")
+            .get(queue)
+            .copied()
+            .unwrap_or(Housekeeping {
+                reclaimed_at: None,
+                next_delayed: None,
+            });
+        let mut out = Vec::new();
+        let mut next_delayed = hk.next_delayed;
+        let mut reclaimed_at = hk.reclaimed_at;
+        // Entries whose workers went quiet past the lease, every quarter lease.
+        if reclaimed_at.is_none_or(|t| now.duration_since(t) >= self.lease / 4) {
+            reclaimed_at = Some(now);
+            out = self.reclaim(&keys, max).await?;
+        }
+        // Delayed jobs that are due, when the last look said one would be.
+        if next_delayed.is_none_or(|t| now >= t) {
+            let next = self.move_due(&keys).await?;
+            next_delayed = Some(match next {
+                Some(t) => {
+                    let d = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
+                    now + d.min(Duration::from_secs(1))
+                }
+                None => now + Duration::from_secs(1),
+            });
+        }
+        self.inner.housekeeping.lock().expect("lock").insert(
+            queue.to_owned(),
+            Housekeeping {
+                reclaimed_at,
+                next_delayed,
+            },
+        );
+        if out.len() >= max {
+            return Ok(out);
+        }
+        // New entries: block until one arrives, the wait ends, or a delayed job is due.
+        let mut block = if out.is_empty() { wait } else { Duration::ZERO };
+        if let Some(t) = next_delayed {
+            block = block.min(t.saturating_duration_since(tokio::time::Instant::now()));
+        }
+        let mut read = cmd("XREADGROUP");
+        read.arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.inner.consumer)
+            .arg("COUNT")
+            .arg(max - out.len());
+        let reply: Value = if block.is_zero() {
+            read.arg("STREAMS").arg(&keys.stream).arg(">");
+            let mut c = self.conn()?;
+            read.query_async(&mut c).await.map_err(conn_err)?
+        } else {
+            read.arg("BLOCK")
+                .arg(block.as_millis().max(1) as u64)
+                .arg("STREAMS")
+                .arg(&keys.stream)
+                .arg(">");
+            let mut c = self.blocking_conn(queue).await?;
+            match read.query_async(&mut c).await {
+                Ok(v) => v,
+                Err(e) if e.to_string().contains("NOGROUP") => {
+                    // The stream was deleted under us: make it again.
+                    self.prepare(queue).await?;
+                    Value::Nil
+                }
+                Err(e) => return Err(conn_err(e)),
+            }
+        };
+        for (id, fields) in value::read_reply(&reply) {
+            if let Some(d) = self.delivery(&keys, id, fields, 1).await? {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn renew(&self, queue: &str, receipt: &RedisReceipt) -> Result<bool, BrokerError> {
+        let keys = self.keys(queue);
+        let mut c = self.conn()?;
+        let r: i64 = scripts::RENEW
+            .key(&keys.stream)
+            .arg(GROUP)
+            .arg(&self.inner.consumer)
+            .arg(&receipt.id)
+            .arg(receipt.deliveries)
+            .invoke_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        Ok(r == 1)
+    }
+
+    async fn settle(
+        &self,
+        queue: &str,
+        delivery: &Delivery<RedisReceipt>,
+        settlement: Settlement,
+    ) -> Result<Settled, BrokerError> {
+        let keys = self.keys(queue);
+        let r = &delivery.receipt;
+        let job = delivery.envelope.id().to_string();
+        let mut c = self.conn()?;
+        let done = match settlement {
+            Settlement::Ack | Settlement::Drop => {
+                let n: i64 = scripts::ACK
+                    .key(&keys.stream)
+                    .key(&keys.ids)
+                    .arg(GROUP)
+                    .arg(&self.inner.consumer)
+                    .arg(&r.id)
+                    .arg(r.deliveries)
+                    .arg(&job)
+                    .invoke_async(&mut c)
+                    .await
+                    .map_err(conn_err)?;
+                n == 1
+            }
+            Settlement::Retry { delay, .. } => {
+                // The next entry carries the attempts spent so far.
+                let spent = delivery.envelope.attempt();
+                let mut fields: Fields = r
+                    .fields
+                    .iter()
+                    .filter(|(k, _)| k != "attempts")
+                    .cloned()
+                    .collect();
+                fields.push(("attempts".into(), spent.to_string().into_bytes()));
+                let due = if delay.is_zero() {
+                    0
+                } else {
+                    ms(self.now()
+                        + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX))
+                    .max(1)
+                };
+                let n: i64 = scripts::RETRY
+                    .key(&keys.stream)
+                    .key(&keys.delayed)
+                    .arg(GROUP)
+                    .arg(&self.inner.consumer)
+                    .arg(&r.id)
+                    .arg(r.deliveries)
+                    .arg(due)
+                    .arg(entry::member(&fields))
+                    .arg(entry::flat(&fields))
+                    .invoke_async(&mut c)
+                    .await
+                    .map_err(conn_err)?;
+                if n == 1 && due > 0 {
+                    // The mover should look by then.
+                    let at = tokio::time::Instant::now() + delay;
+                    if let Some(h) = self.inner.housekeeping.lock().expect("lock").get_mut(queue) {
+                        h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
+                    }
+                }
+                n == 1
+            }
+            Settlement::DeadLetter { target, failure } => {
+                let target_keys = self.keys(&target);
+                if target_keys.dead != keys.dead {
+                    return Err(BrokerError::Backend(format!(
+                        "dead letter `{target}` is not the dead stream of `{queue}` (`{}`)",
+                        keys.name.clone() + DEAD_SUFFIX
+                    )));
+                }
+                self.dead_letter_held(
+                    &keys,
+                    (&r.id, r.deliveries, &r.fields),
+                    delivery.envelope.attempt(),
+                    &failure.error,
+                    &failure.traceback,
+                )
+                .await?
+            }
+        };
+        Ok(if done {
+            Settled::Done
+        } else {
+            Settled::LeaseLost
+        })
+    }
+
+    async fn publish(
+        &self,
+        queue: &str,
+        jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
+    ) -> Result<(), BrokerError> {
+        let keys = self.keys(queue);
+        let mut c = self.conn()?;
+        let now = self.now();
+        for (envelope, at) in &jobs {
+            let fields = entry::encode(envelope, 0);
+            let due = match at {
+                Some(t) if *t > now => ms(*t),
+                _ => 0,
+            };
+            let added: i64 = scripts::PUBLISH
+                .key(&keys.stream)
+                .key(&keys.delayed)
+                .key(&keys.ids)
+                .arg(envelope.id().as_str())
+                .arg(due)
+                .arg(if due > 0 {
+                    entry::member(&fields)
+                } else {
+                    Vec::new()
+                })
+                .arg(entry::flat(&fields))
+                .invoke_async(&mut c)
+                .await
+                .map_err(conn_err)?;
+            if added == 0 {
+                tracing::debug!(job_id = %envelope.id(), "already in the queue: not added twice");
+            }
+        }
+        if jobs.iter().any(|(_, at)| at.is_some_and(|t| t > now)) {
+            // A delayed job may be due before the mover's next look.
+            if let Some(h) = self.inner.housekeeping.lock().expect("lock").get_mut(queue) {
+                let soonest = jobs.iter().filter_map(|(_, at)| *at).min().unwrap_or(now);
+                let at = tokio::time::Instant::now() + (soonest - now).to_std().unwrap_or_default();
+                h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
+            }
+        }
+        Ok(())
+    }
+
+    async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
+        let mut c = self.conn()?;
+        let got: Option<String> = cmd("SET")
+            .arg(format!("stagedoor:lock:{{{key}}}"))
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        Ok(got.is_some())
+    }
+
+    async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
+        let mut c = self.conn()?;
+        let _: i64 = scripts::UNLOCK
+            .key(format!("stagedoor:lock:{{{key}}}"))
+            .arg(token)
+            .invoke_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        Ok(())
+    }
+
+    async fn dead_letters(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let reply: Value = match selector {
+            DeadSelector::All => {
+                cmd("XREVRANGE")
+                    .arg(&keys.dead)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(limit.min(1_000_000))
+                    .query_async(&mut c)
+                    .await
+            }
+            _ => {
+                cmd("XREVRANGE")
+                    .arg(&keys.dead)
+                    .arg("+")
+                    .arg("-")
+                    .query_async(&mut c)
+                    .await
+            }
+        }
+        .map_err(conn_err)?;
+        Ok(value::entries(&reply)
+            .into_iter()
+            .map(|(id, f)| self.dead_letter_of(dead, id, &f))
+            .filter(|d| selector.matches(d))
+            .take(limit)
+            .collect())
+    }
+
+    async fn replay(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> Result<ReplayReport, BrokerError> {
+        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let mut report = ReplayReport::default();
+        let mut all: Vec<(String, Fields)> = Vec::new();
+        if !letters.is_empty() {
+            let reply: Value = cmd("XRANGE")
+                .arg(&keys.dead)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut c)
+                .await
+                .map_err(conn_err)?;
+            all = value::entries(&reply);
+        }
+        for d in letters {
+            let Some((_, fields)) = all.iter().find(|(id, _)| *id == d.id) else {
+                report.skipped += 1;
+                continue;
+            };
+            let origin = self.keys(&d.origin);
+            let mut f: Fields = fields
+                .iter()
+                .filter(|(k, _)| {
+                    !matches!(
+                        k.as_str(),
+                        "attempts" | "error" | "traceback" | "failed_at" | "origin"
+                    )
+                })
+                .cloned()
+                .collect();
+            f.push(("attempts".into(), b"0".to_vec()));
+            let r: redis::RedisResult<i64> = scripts::REPLAY
+                .key(&keys.dead)
+                .key(&origin.stream)
+                .key(&origin.ids)
+                .arg(&d.id)
+                .arg(d.envelope.id().as_str())
+                .arg(entry::flat(&f))
+                .invoke_async(&mut c)
+                .await;
+            match r {
+                Ok(1) => report.replayed += 1,
+                Ok(_) => report.skipped += 1,
+                Err(e) => {
+                    tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
+                    report.failed += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
+        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+        if letters.is_empty() {
+            return Ok(0);
+        }
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let mut n = 0;
+        for chunk in letters.chunks(500) {
+            let mut x = cmd("XDEL");
+            x.arg(&keys.dead);
+            for d in chunk {
+                x.arg(&d.id);
+            }
+            let deleted: i64 = x.query_async(&mut c).await.map_err(conn_err)?;
+            n += deleted as u64;
+        }
+        Ok(n)
+    }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
+        let keys = self.keys(queue);
+        let mut c = self.conn()?;
+        if Keys::is_dead(queue) {
+            let len: i64 = cmd("XLEN")
+                .arg(&keys.stream)
+                .query_async(&mut c)
+                .await
+                .map_err(conn_err)?;
+            return Ok(QueueStats {
+                ready: len.max(0) as u64,
+                ..QueueStats::default()
+            });
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("XLEN").arg(&keys.stream);
+        pipe.cmd("XPENDING").arg(&keys.stream).arg(GROUP);
+        pipe.cmd("ZCARD").arg(&keys.delayed);
+        pipe.cmd("XINFO").arg("GROUPS").arg(&keys.stream);
+        let replies: Vec<Value> = match pipe.query_async(&mut c).await {
+            Ok(r) => r,
+            // No stream yet (nothing published, no worker started): an empty queue.
+            Err(e)
+                if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") =>
+            {
+                let delayed: i64 = cmd("ZCARD")
+                    .arg(&keys.delayed)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(conn_err)?;
+                let len: i64 = cmd("XLEN")
+                    .arg(&keys.stream)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(conn_err)?;
+                return Ok(QueueStats {
+                    ready: len.max(0) as u64,
+                    delayed: delayed.max(0) as u64,
+                    ..QueueStats::default()
+                });
+            }
+            Err(e) => return Err(conn_err(e)),
+        };
+        let len = replies.first().and_then(value::int).unwrap_or(0).max(0) as u64;
+        let pending = replies
+            .get(1)
+            .map(|p| value::array(p).first().and_then(value::int).unwrap_or(0))
+            .unwrap_or(0)
+            .max(0) as u64;
+        let delayed = replies.get(2).and_then(value::int).unwrap_or(0).max(0) as u64;
+        // The oldest entry not yet delivered to the group is the first after its last-delivered id.
+        let mut oldest = None;
+        let last_delivered = replies.get(3).and_then(|groups| {
+            value::array(groups).iter().find_map(|g| {
+                let f = value::fields(g);
+                (entry::text(&f, "name").as_deref() == Some(GROUP))
+                    .then(|| entry::text(&f, "last-delivered-id"))
+                    .flatten()
+            })
+        });
+        let ready = len.saturating_sub(pending);
+        if ready > 0 {
+            let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
+            let reply: Value = cmd("XRANGE")
+                .arg(&keys.stream)
+                .arg(start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut c)
+                .await
+                .map_err(conn_err)?;
+            if let Some((id, _)) = value::entries(&reply).first() {
+                let added: i64 = id
+                    .split('-')
+                    .next()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(0);
+                oldest = Some(Duration::from_millis((ms(self.now()) - added).max(0) as u64));
+            }
+        }
+        Ok(QueueStats {
+            ready,
+            pending,
+            delayed,
+            oldest,
+        })
+    }
+
+    async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let len: i64 = cmd("XLEN")
+            .arg(&keys.dead)
+            .query_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        Ok(len.max(0) as u64)
+    }
+
+    fn default_dead_letter(&self, queue: &str) -> String {
+        format!("{queue}{DEAD_SUFFIX}")
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn clock(&self) -> Clock {
+        Clock::system()
+    }
+
+    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        let keys = self.keys(queue);
+        let mut c = self.conn().ok()?;
+        let reply: Value = cmd("ZRANGE")
+            .arg(&keys.delayed)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        let score = value::array(&reply)
+            .get(1)
+            .and_then(value::string)?
+            .parse::<f64>()
+            .ok()?;
+        DateTime::<Utc>::from_timestamp_millis(score as i64)
+    }
+}

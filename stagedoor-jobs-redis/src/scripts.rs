@@ -1,0 +1,188 @@
+//! The server-side scripts: every move that must not lose or duplicate a job is one of these,
+//! so it happens atomically on the server. Every key a script touches shares the queue's hash
+//! tag (Redis Cluster runs it on one node). No script unpacks an unbounded set: batches and
+//! field lists are bounded.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Whether a delivery is still this consumer's, with the delivery count it was claimed with
+/// (a reclaim by another worker changes both).
+const OWNED: &str = r"
+local function owned(stream, group, consumer, id, deliveries)
+  local p = redis.call('XPENDING', stream, group, id, id, 1)
+  return #p == 1 and p[1][2] == consumer and tonumber(p[1][4]) == tonumber(deliveries)
+end
+";
+
+fn with_owned(body: &str) -> Script {
+    Script::new(&format!("{OWNED}\n{body}"))
+}
+
+/// KEYS: stream, ids. ARGV: group, consumer, id, deliveries, job_id.
+pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| {
+    with_owned(
+        r"
+if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+redis.call('SREM', KEYS[2], ARGV[5])
+return 1
+",
+    )
+});
+
+/// KEYS: stream, delayed. ARGV: group, consumer, id, deliveries, due_ms ('0': now), member,
+/// fields... The job is re-added (to the stream at once, or to the delayed set) and the
+/// delivery acknowledged, in one step.
+pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
+    with_owned(
+        r"
+if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
+if ARGV[5] == '0' then
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
+else
+  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[6])
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+return 1
+",
+    )
+});
+
+/// KEYS: stream, dead, ids. ARGV: group, consumer, id, deliveries, job_id, maxlen, fields...
+/// Returns {settled, trimmed}.
+pub(crate) static DEAD: LazyLock<Script> = LazyLock::new(|| {
+    with_owned(
+        r"
+if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return {0, 0} end
+local before = redis.call('XLEN', KEYS[2])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', unpack(ARGV, 7))
+local after = redis.call('XLEN', KEYS[2])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+redis.call('SREM', KEYS[3], ARGV[5])
+return {1, before + 1 - after}
+",
+    )
+});
+
+/// KEYS: stream. ARGV: group, consumer, id, deliveries. Resets the entry's idle time.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    with_owned(
+        r"
+if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'JUSTID')
+return 1
+",
+    )
+});
+
+/// KEYS: stream, delayed, ids. ARGV: job_id, due_ms ('0': now), member, fields...
+/// Returns 0 when a job of that id is already in the queue.
+pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then return 0 end
+if ARGV[2] == '0' then
+  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
+else
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+end
+return 1
+",
+    )
+});
+
+/// KEYS: delayed, stream. ARGV: now_ms, batch. Moves up to `batch` due jobs to the stream,
+/// each add and remove together. Returns {moved, next due score or false}.
+pub(crate) static MOVE_DUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
+for _, m in ipairs(due) do
+  redis.call('XADD', KEYS[2], '*', unpack(cmsgpack.unpack(m)))
+  redis.call('ZREM', KEYS[1], m)
+end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {#due, nxt[2] or false}
+",
+    )
+});
+
+/// KEYS: stream, dead, ids. ARGV: group, consumer, min_idle_ms, count, max_deliveries,
+/// maxlen, failed_at, queue. Reclaims entries idle past their lease (XAUTOCLAIM), forgets
+/// entries deleted while pending, dead-letters entries delivered more than max_deliveries
+/// times without running them, and returns the rest as {id, fields, deliveries}.
+pub(crate) static RECLAIM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
+local out = {}
+if r[3] then
+  for _, id in ipairs(r[3]) do redis.call('XACK', KEYS[1], ARGV[1], id) end
+end
+for _, e in ipairs(r[2]) do
+  local id, f = e[1], e[2]
+  if not f then
+    redis.call('XACK', KEYS[1], ARGV[1], id)
+  else
+    local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
+    local d = tonumber(p[1][4])
+    if d > tonumber(ARGV[5]) then
+      local job, spent = '', 0
+      local g = {}
+      for i = 1, #f, 2 do
+        if f[i] == 'job_id' then job = f[i + 1] end
+        if f[i] == 'attempts' then
+          spent = tonumber(f[i + 1]) or 0
+        else
+          table.insert(g, f[i]); table.insert(g, f[i + 1])
+        end
+      end
+      table.insert(g, 'attempts'); table.insert(g, tostring(spent + d - 1))
+      table.insert(g, 'error')
+      table.insert(g, 'delivered ' .. d .. ' times without being settled (max_deliveries ' .. ARGV[5] .. '): its workers died while running it, so it is dead-lettered without running again')
+      table.insert(g, 'traceback'); table.insert(g, '')
+      table.insert(g, 'failed_at'); table.insert(g, ARGV[7])
+      table.insert(g, 'origin'); table.insert(g, ARGV[8])
+      redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', unpack(g))
+      redis.call('XACK', KEYS[1], ARGV[1], id)
+      redis.call('XDEL', KEYS[1], id)
+      redis.call('SREM', KEYS[3], job)
+    else
+      table.insert(out, {id, f, d})
+    end
+  end
+end
+return out
+",
+    )
+});
+
+/// KEYS: dead, stream, ids. ARGV: dead_id, job_id, fields... Returns 1 (moved), 0 (already
+/// gone), -1 (a job of that id is in the queue: left where it is).
+pub(crate) static REPLAY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local e = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+if #e == 0 then return 0 end
+if redis.call('SADD', KEYS[3], ARGV[2]) == 0 then return -1 end
+redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+redis.call('XDEL', KEYS[1], ARGV[1])
+return 1
+",
+    )
+});
+
+/// KEYS: lock. ARGV: token. Deletes the lock only if `token` owns it.
+pub(crate) static UNLOCK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+",
+    )
+});

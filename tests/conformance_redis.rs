@@ -1,0 +1,88 @@
+//! The core's conformance suite, unchanged, on Redis: standalone (`REDIS_URL`) and on a
+//! 3-master Redis Cluster (`REDIS_CLUSTER_URLS`), each test in a namespace of its own.
+
+use std::time::Duration;
+
+use stagedoor_jobs::conformance::Fixture;
+use stagedoor_jobs_redis::RedisBroker;
+
+fn url(var: &str) -> String {
+    match std::env::var(var) {
+        Ok(u) if !u.is_empty() => u,
+        _ => panic!(
+            "{var} is not set: run the tests with `scripts/test-all`, which starts Redis and exports it"
+        ),
+    }
+}
+
+fn namespace() -> String {
+    format!("t{}:", uuid_like())
+}
+
+fn uuid_like() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!(
+        "{}-{}-{}",
+        std::process::id(),
+        nanos % 1_000_000_000,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+fn configure(b: RedisBroker, lease: Option<Duration>) -> RedisBroker {
+    let b = b.namespace(namespace()).max_deliveries(10);
+    match lease {
+        Some(l) => b.lease(l),
+        None => b,
+    }
+}
+
+struct Standalone;
+
+impl Fixture for Standalone {
+    type Broker = RedisBroker;
+    async fn broker(&self) -> RedisBroker {
+        configure(RedisBroker::from_url(url("REDIS_URL")), None)
+    }
+    async fn broker_with_lease(&self, lease: Duration) -> RedisBroker {
+        configure(RedisBroker::from_url(url("REDIS_URL")), Some(lease))
+    }
+    fn paused(&self) -> bool {
+        false
+    }
+}
+
+stagedoor_jobs::conformance_tests!(Standalone);
+
+mod cluster {
+    use super::*;
+
+    struct Cluster;
+
+    fn urls() -> Vec<String> {
+        url("REDIS_CLUSTER_URLS")
+            .split(',')
+            .map(str::to_owned)
+            .collect()
+    }
+
+    impl Fixture for Cluster {
+        type Broker = RedisBroker;
+        async fn broker(&self) -> RedisBroker {
+            configure(RedisBroker::cluster(urls()), None)
+        }
+        async fn broker_with_lease(&self, lease: Duration) -> RedisBroker {
+            configure(RedisBroker::cluster(urls()), Some(lease))
+        }
+        fn paused(&self) -> bool {
+            false
+        }
+    }
+
+    stagedoor_jobs::conformance_tests!(Cluster);
+}
