@@ -453,22 +453,38 @@ impl Broker for RedisBroker {
             })
             .await?;
         let mut c = conn.clone();
-        let info: String = cmd("INFO")
+        // A cluster answers with every node's INFO: the oldest node decides.
+        let info: Value = cmd("INFO")
             .arg("server")
             .query_async(&mut c)
             .await
             .map_err(conn_err)?;
-        let version = info
-            .lines()
-            .find_map(|l| l.strip_prefix("redis_version:"))
-            .unwrap_or("0")
-            .trim()
-            .to_owned();
-        let parts: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
-        let (major, minor) = (
-            parts.first().copied().unwrap_or(0),
-            parts.get(1).copied().unwrap_or(0),
-        );
+        let texts: Vec<String> = match &info {
+            Value::Map(m) => m.iter().filter_map(|(_, v)| value::string(v)).collect(),
+            other => value::string(other).into_iter().collect(),
+        };
+        let versions: Vec<(u32, u32, String)> = texts
+            .iter()
+            .map(|t| {
+                let v = t
+                    .lines()
+                    .find_map(|l| l.strip_prefix("redis_version:"))
+                    .unwrap_or("0")
+                    .trim()
+                    .to_owned();
+                let p: Vec<u32> = v.split('.').filter_map(|x| x.parse().ok()).collect();
+                (
+                    p.first().copied().unwrap_or(0),
+                    p.get(1).copied().unwrap_or(0),
+                    v,
+                )
+            })
+            .collect();
+        let (major, minor, version) =
+            versions
+                .into_iter()
+                .min()
+                .unwrap_or((0, 0, "unknown".to_owned()));
         if (major, minor) < (6, 2) {
             return Err(BrokerError::Connection(format!(
                 "Redis {version} at `{}` is too old: stagedoor-jobs needs 6.2 or later (XAUTOCLAIM, ZRANGE BYSCORE)",
