@@ -8,6 +8,7 @@
 
 use proc_macro::TokenStream;
 
+mod cron;
 mod ctxt;
 mod inbox;
 mod subscriber;
@@ -114,4 +115,11 @@ pub fn subscriber(attr: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_derive(Inbox, attributes(inbox, field))]
 pub fn derive_inbox(item: TokenStream) -> TokenStream {
     inbox::expand(item.into()).into()
+}
+
+/// A cron expression literal checked when the program compiles: `cron!("0 3 * * *")` is a
+/// `stagedoor_jobs::CronExpr` for `Schedule::cron`; `cron!("61 * * * *")` does not compile.
+#[proc_macro]
+pub fn cron(input: TokenStream) -> TokenStream {
+    cron::expand(input.into()).into()
 }

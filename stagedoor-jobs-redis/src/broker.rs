@@ -769,7 +769,7 @@ impl Broker for RedisBroker {
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
         let mut c = self.conn()?;
         let got: Option<String> = cmd("SET")
-            .arg(format!("stagedoor:lock:{{{key}}}"))
+            .arg(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
             .arg(token)
             .arg("NX")
             .arg("PX")
@@ -780,10 +780,31 @@ impl Broker for RedisBroker {
         Ok(got.is_some())
     }
 
+    async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
+        let mut c = self.conn()?;
+        let v: Option<i64> = cmd("GET")
+            .arg(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
+            .query_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        Ok(v.and_then(DateTime::<Utc>::from_timestamp_millis))
+    }
+
+    async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
+        let mut c = self.conn()?;
+        let _: i64 = scripts::SET_MAX
+            .key(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
+            .arg(ms(tick))
+            .invoke_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        Ok(())
+    }
+
     async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
         let mut c = self.conn()?;
         let _: i64 = scripts::UNLOCK
-            .key(format!("stagedoor:lock:{{{key}}}"))
+            .key(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
             .arg(token)
             .invoke_async(&mut c)
             .await

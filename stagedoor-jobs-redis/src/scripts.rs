@@ -186,3 +186,14 @@ return 0
 ",
     )
 });
+
+/// KEYS: key. ARGV: value. Sets the key to the larger of its value and `value`.
+pub(crate) static SET_MAX: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local old = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if tonumber(ARGV[1]) > old then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+",
+    )
+});

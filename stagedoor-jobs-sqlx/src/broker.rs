@@ -26,6 +26,8 @@ pub(crate) struct Shared<DB: Database> {
     pub(crate) clock: Mutex<Clock>,
     pub(crate) listening: std::sync::atomic::AtomicBool,
     pub(crate) url_for_messages: String,
+    /// The bookkeeping tables exist (created on first use).
+    pub(crate) bookkeeping: OnceCell<()>,
 }
 
 /// A job database: SQLite (embedded) or Postgres. Cheap to clone. Make a route per job table
@@ -82,6 +84,7 @@ impl<DB: Database> SqlxBroker<DB> {
                 clock: Mutex::new(Clock::system()),
                 listening: std::sync::atomic::AtomicBool::new(false),
                 url_for_messages,
+                bookkeeping: OnceCell::new(),
             }),
             lease: Duration::from_secs(30),
             poll: Duration::from_millis(200),

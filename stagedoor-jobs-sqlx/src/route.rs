@@ -507,6 +507,33 @@ impl<Row: Inbox> SqlxRoute<sqlx::Postgres, Row> {
     }
 }
 
+/// The bookkeeping tables of this backend, created on first use: `stagedoor_locks` (a row per
+/// lock: scheduler ticks, with its owner's token and expiry) and `stagedoor_schedules` (each
+/// schedule's latest enqueued tick).
+const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS stagedoor_schedules (schedule TEXT PRIMARY KEY, last_tick TIMESTAMPTZ NOT NULL)";
+
+async fn ensure_bookkeeping<DB: Database>(
+    broker: &SqlxBroker<DB>,
+    pool: &sqlx::Pool<DB>,
+) -> Result<(), BrokerError>
+where
+    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    broker
+        .shared
+        .bookkeeping
+        .get_or_try_init(|| async {
+            sqlx::raw_sql(BOOKKEEPING)
+                .execute(pool)
+                .await
+                .map(|_| ())
+                .map_err(db_err)
+        })
+        .await?;
+    Ok(())
+}
+
 /// Wakes this process's idle workers on every `NOTIFY`; reconnects with backoff.
 async fn listen(broker: SqlxBroker<sqlx::Postgres>, pool: sqlx::PgPool) {
     let mut wait = Duration::from_millis(100);
@@ -888,10 +915,7 @@ macro_rules! impl_broker {
 
             async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
                 let pool = self.pool()?;
-                sqlx::query("CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL)")
-                    .execute(pool)
-                    .await
-                    .map_err(db_err)?;
+                ensure_bookkeeping(&self.broker, pool).await?;
                 let now = self.broker.now();
                 let until = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
                 let n = sqlx::query("INSERT INTO stagedoor_locks (lock_key, token, until_at) VALUES ($1, $2, $3) ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token, until_at = excluded.until_at WHERE stagedoor_locks.until_at <= $4")
@@ -903,7 +927,36 @@ macro_rules! impl_broker {
                     .await
                     .map_err(db_err)?
                     .rows_affected();
+                // Locks that ran out long ago are only history: keep the table small.
+                sqlx::query("DELETE FROM stagedoor_locks WHERE until_at < $1")
+                    .bind(now - chrono::Duration::hours(1))
+                    .execute(pool)
+                    .await
+                    .map_err(db_err)?;
                 Ok(n == 1)
+            }
+
+            async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
+                let pool = self.pool()?;
+                ensure_bookkeeping(&self.broker, pool).await?;
+                let t: Option<DateTime<Utc>> = sqlx::query_scalar("SELECT last_tick FROM stagedoor_schedules WHERE schedule = $1")
+                    .bind(schedule)
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(db_err)?;
+                Ok(t)
+            }
+
+            async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
+                let pool = self.pool()?;
+                ensure_bookkeeping(&self.broker, pool).await?;
+                sqlx::query("INSERT INTO stagedoor_schedules (schedule, last_tick) VALUES ($1, $2) ON CONFLICT (schedule) DO UPDATE SET last_tick = excluded.last_tick WHERE stagedoor_schedules.last_tick < excluded.last_tick")
+                    .bind(schedule)
+                    .bind(tick)
+                    .execute(pool)
+                    .await
+                    .map_err(db_err)?;
+                Ok(())
             }
 
             async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {

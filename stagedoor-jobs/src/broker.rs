@@ -266,6 +266,20 @@ pub trait Broker: Clone + Send + Sync + 'static {
         token: &str,
     ) -> impl Future<Output = Result<(), BrokerError>> + Send;
 
+    /// The latest tick of `schedule` recorded by [`mark_tick`](Broker::mark_tick): the
+    /// scheduler's memory across restarts of every worker (missed ticks are counted from it).
+    fn last_tick(
+        &self,
+        schedule: &str,
+    ) -> impl Future<Output = Result<Option<DateTime<Utc>>, BrokerError>> + Send;
+
+    /// Records that `schedule`'s tick `tick` was enqueued; the record only moves forward.
+    fn mark_tick(
+        &self,
+        schedule: &str,
+        tick: DateTime<Utc>,
+    ) -> impl Future<Output = Result<(), BrokerError>> + Send;
+
     /// The dead letters in `dead` that `selector` takes, newest first, at most `limit`.
     fn dead_letters(
         &self,

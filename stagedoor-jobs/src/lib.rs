@@ -53,6 +53,7 @@ mod mount;
 mod outcome;
 mod panic;
 mod runtime;
+pub mod schedule;
 mod service;
 mod subscription;
 
@@ -74,10 +75,11 @@ pub use mount::{
     DEFAULT_CONCURRENCY, Mount, OnDecodeError, RouteBuilder, Set, Undeclared, Unset, steps,
 };
 pub use outcome::{BoxError, Failure, FailureCause, HandlerOutcome, IntoOutcome};
+pub use schedule::{CronExpr, Missed, Schedule};
 pub use service::{AppInfo, Running, Service, ServiceError};
 /// `#[derive(Inbox)]`: describes a job table for the SQL backend (the trait of the same name).
 pub use stagedoor_jobs_macros::Inbox;
-pub use stagedoor_jobs_macros::subscriber;
+pub use stagedoor_jobs_macros::{cron, subscriber};
 pub use subscription::{ByName, IntoSubscriber, QueueDescriptor, QueueFor, Subscriber};
 
 #[cfg(feature = "testing")]
@@ -107,7 +109,7 @@ macro_rules! nonzero {
 pub mod prelude {
     pub use crate::{
         AppInfo, Ctx, Data, Exponential, Fixed, FullJitter, HandlerOutcome, Immediate, Job, JobId,
-        OnDecodeError, Service, Subscriber, keys, nonzero, subscriber,
+        Missed, OnDecodeError, Schedule, Service, Subscriber, cron, keys, nonzero, subscriber,
     };
     #[cfg(feature = "testing")]
     pub use crate::{MemoryBroker, TestApp};
@@ -119,6 +121,7 @@ pub mod __private {
     pub use crate::extract::FromJob;
     pub use crate::inbox::{Column, ColumnType, Inbox, Table, roles};
     pub use crate::outcome::IntoOutcome;
+    pub use crate::schedule::CronExpr;
     pub use crate::subscription::{ByName, IntoSubscriber, QueueDescriptor, Subscriber};
 
     /// What a message type must be; its own trait so that the error names the fix.

@@ -38,6 +38,7 @@ struct Inner {
 struct Mem {
     queues: HashMap<String, MemQueue>,
     locks: HashMap<String, (String, DateTime<Utc>)>,
+    ticks: HashMap<String, DateTime<Utc>>,
     seq: u64,
 }
 
@@ -369,11 +370,23 @@ impl Broker for MemoryBroker {
         match mem.locks.get(key) {
             Some((_, until)) if *until > now => Ok(false),
             _ => {
+                mem.locks.retain(|_, (_, until)| *until > now);
                 mem.locks
                     .insert(key.to_owned(), (token.to_owned(), now + chrono_d(ttl)));
                 Ok(true)
             }
         }
+    }
+
+    async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
+        Ok(self.mem().ticks.get(schedule).copied())
+    }
+
+    async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
+        let mut mem = self.mem();
+        let t = mem.ticks.entry(schedule.to_owned()).or_insert(tick);
+        *t = (*t).max(tick);
+        Ok(())
     }
 
     async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {

@@ -58,6 +58,23 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
         ctx: &'a RunCtx,
     ) -> BoxFuture<'a, Result<Vec<JoinHandle<()>>, BrokerError>>;
     fn publish(&self, job: Job) -> BoxFuture<'_, Result<JobId, BrokerError>>;
+    fn try_lock<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, BrokerError>>;
+    fn unlock<'a>(&'a self, key: &'a str, token: &'a str)
+    -> BoxFuture<'a, Result<(), BrokerError>>;
+    fn last_tick<'a>(
+        &'a self,
+        schedule: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DateTime<Utc>>, BrokerError>>;
+    fn mark_tick<'a>(
+        &'a self,
+        schedule: &'a str,
+        tick: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), BrokerError>>;
     fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>>;
     fn next_due<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Option<DateTime<Utc>>>;
     fn dead_letters<'a>(
@@ -211,6 +228,34 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
     }
     fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>> {
         Box::pin(self.broker.stats(queue))
+    }
+    fn try_lock<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, BrokerError>> {
+        Box::pin(self.broker.try_lock(key, token, ttl))
+    }
+    fn unlock<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(self.broker.unlock(key, token))
+    }
+    fn last_tick<'a>(
+        &'a self,
+        schedule: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DateTime<Utc>>, BrokerError>> {
+        Box::pin(self.broker.last_tick(schedule))
+    }
+    fn mark_tick<'a>(
+        &'a self,
+        schedule: &'a str,
+        tick: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(self.broker.mark_tick(schedule, tick))
     }
     fn next_due<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Option<DateTime<Utc>>> {
         Box::pin(self.broker.next_due(queue))

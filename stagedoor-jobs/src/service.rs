@@ -18,6 +18,7 @@ use crate::handler::BoxFuture;
 use crate::mount::{OnDecodeError, RouteBuilder};
 use crate::outcome::BoxError;
 use crate::runtime::{ErasedRoute, Observer, RouteRuntime, RunCtx};
+use crate::schedule::{self, Bound, Progress, Schedule};
 
 /// The application's name and version, for logs and the workers' names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +106,7 @@ pub struct Service {
     shutdown_timeout: Duration,
     pub(crate) clock: Clock,
     pub(crate) observers: Vec<Arc<dyn Observer>>,
+    schedules: Vec<Schedule>,
 }
 
 impl fmt::Debug for Service {
@@ -128,6 +130,7 @@ impl Service {
             shutdown_timeout: Duration::from_secs(30),
             clock: Clock::system(),
             observers: Vec::new(),
+            schedules: Vec::new(),
         }
     }
 
@@ -155,6 +158,22 @@ impl Service {
         let mut builder = RouteBuilder::new(broker);
         mount(&mut builder);
         self.routes.push(Arc::new(RouteRuntime::new(builder)));
+        self
+    }
+
+    /// Enqueues a job at times: every N, a cron expression in a time zone, hourly, daily at a
+    /// time. The scheduler runs in every worker; each tick is enqueued once across all of them.
+    ///
+    /// ```no_run
+    /// # use stagedoor_jobs::prelude::*;
+    /// # use std::time::Duration;
+    /// # fn f(s: Service) -> Service {
+    /// s.schedule(Schedule::every("expire_holds", Duration::from_secs(60)).on("jobs"))
+    ///     .schedule(Schedule::cron("reconcile_payments", cron!("0 3 * * *")).on("jobs").missed(Missed::Skip))
+    /// # }
+    /// ```
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
         self
     }
 
@@ -235,6 +254,25 @@ impl Service {
     /// (refusing to start with the full list of problems), then starts claiming.
     pub async fn start(mut self) -> Result<Running, ServiceError> {
         let mut problems = self.static_problems();
+        let mut names: Vec<&str> = Vec::new();
+        for s in &self.schedules {
+            problems.extend(s.problems());
+            if names.contains(&s.name()) {
+                problems.push(Problem {
+                    mount: format!("schedule `{}`", s.name()),
+                    message:
+                        "two schedules share this name, and the name keys its ticks: rename one"
+                            .to_owned(),
+                });
+            }
+            names.push(s.name());
+        }
+        if !self.schedules.is_empty() && self.routes.is_empty() {
+            problems.push(Problem {
+                mount: "*".to_owned(),
+                message: "the service has schedules but no broker to enqueue them on: add `.with_broker(..)`".to_owned(),
+            });
+        }
         for hook in std::mem::take(&mut self.hooks) {
             hook().await.map_err(|source| ServiceError::Startup {
                 app: self.app.name.clone(),
@@ -275,7 +313,7 @@ impl Service {
         let ctx = RunCtx {
             in_flight: Arc::clone(&in_flight),
             state: Arc::new(std::mem::take(&mut self.state)),
-            stop: stop_rx,
+            stop: stop_rx.clone(),
             shutdown_timeout: self.shutdown_timeout,
             observers: Arc::from(self.observers.clone()),
         };
@@ -288,6 +326,36 @@ impl Service {
                 }
             })?);
         }
+        let mut progress = None;
+        if !self.schedules.is_empty() {
+            let bound: Vec<Bound> = std::mem::take(&mut self.schedules)
+                .into_iter()
+                .map(|schedule| {
+                    let route = self
+                        .routes
+                        .iter()
+                        .find(|r| {
+                            r.mounts()
+                                .iter()
+                                .any(|m| Some(m.queue.as_str()) == schedule.queue())
+                        })
+                        .or_else(|| self.routes.first())
+                        .map(Arc::clone)
+                        .expect("checked: the service has a broker");
+                    Bound { schedule, route }
+                })
+                .collect();
+            let (tx, rx) = watch::channel(Progress::default());
+            progress = Some(rx);
+            let token = format!("{}-{}", self.app.name, uuid::Uuid::now_v7().simple());
+            tasks.push(tokio::spawn(schedule::run(
+                bound,
+                self.clock.clone(),
+                stop_rx.clone(),
+                Arc::new(tx),
+                token,
+            )));
+        }
         tracing::info!(app = %self.app.name, version = %self.app.version, "service started");
         Ok(Running {
             app: self.app,
@@ -295,6 +363,7 @@ impl Service {
             tasks,
             routes: self.routes,
             in_flight,
+            progress,
         })
     }
 
@@ -343,6 +412,7 @@ pub struct Running {
     tasks: Vec<JoinHandle<()>>,
     pub(crate) routes: Vec<Arc<dyn ErasedRoute>>,
     pub(crate) in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) progress: Option<watch::Receiver<Progress>>,
 }
 
 impl fmt::Debug for Running {

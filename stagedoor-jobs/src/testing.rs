@@ -319,8 +319,9 @@ impl TestApp {
         let target =
             self.clock.now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
         loop {
+            self.scheduler_caught_up().await;
             self.drain().await;
-            let mut next: Option<DateTime<Utc>> = None;
+            let mut next: Option<DateTime<Utc>> = self.next_tick();
             for (r, q) in self.subscribed() {
                 if let Some(t) = r.next_due(q).await {
                     next = Some(next.map_or(t, |n| n.min(t)));
@@ -332,7 +333,32 @@ impl TestApp {
             }
         }
         self.clock.set(target);
+        self.scheduler_caught_up().await;
         self.drain().await;
+    }
+
+    /// The scheduler's next tick, if the service has schedules.
+    fn next_tick(&self) -> Option<DateTime<Utc>> {
+        self.running.as_ref()?.progress.as_ref()?.borrow().next_tick
+    }
+
+    /// Waits until the scheduler has enqueued every tick due by the harness's clock.
+    async fn scheduler_caught_up(&self) {
+        let Some(mut rx) = self.running.as_ref().and_then(|r| r.progress.clone()) else {
+            return;
+        };
+        let now = self.now();
+        let waited = tokio::time::timeout(
+            self.drain_timeout,
+            rx.wait_for(|p| p.caught_up_to.is_some_and(|t| t >= now)),
+        )
+        .await;
+        if waited.is_err() {
+            panic!(
+                "TestApp: the scheduler did not catch up to {now} within {:?}",
+                self.drain_timeout
+            );
+        }
     }
 
     /// Every settled delivery of `subscriber`, in order.

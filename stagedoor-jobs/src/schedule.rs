@@ -1,0 +1,499 @@
+//! The scheduler: jobs enqueued at times, every N or by a cron expression in a time zone,
+//! exactly once per tick however many workers run it.
+//!
+//! A scheduler runs inside every worker and wakes every second. For each due tick of each
+//! schedule it takes a lock per schedule and tick in the broker (Redis `SET NX` with a token,
+//! SQL a unique row) and enqueues the job with an id derived from the schedule and the tick,
+//! so even a lock that expired early or a clock a few seconds off cannot enqueue a tick twice.
+//! Ticks missed while every worker was down are handled by the schedule's [`Missed`] policy.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::broker::{Problem, tick_job_id};
+use crate::clock::Clock;
+use crate::envelope::Job;
+use crate::runtime::ErasedRoute;
+
+/// What a schedule does about ticks that passed while no worker ran (every worker was down at
+/// 03:00). Each is logged as a warning.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Missed {
+    /// Enqueue nothing for them.
+    Skip,
+    /// Enqueue the latest missed tick once (the default).
+    #[default]
+    RunOnce,
+    /// Enqueue every missed tick (at most 1,000).
+    RunAll,
+}
+
+/// A cron expression literal checked when the program compiles: `cron!("0 3 * * *")`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CronExpr(&'static str);
+
+impl CronExpr {
+    /// Used by the `cron!` macro, which has checked the expression.
+    #[doc(hidden)]
+    pub const fn __checked(expr: &'static str) -> Self {
+        Self(expr)
+    }
+}
+
+/// What a schedule's times are given as.
+pub trait IntoCron {
+    /// The expression's text.
+    fn into_cron_text(self) -> String;
+}
+impl IntoCron for &str {
+    fn into_cron_text(self) -> String {
+        self.to_owned()
+    }
+}
+impl IntoCron for String {
+    fn into_cron_text(self) -> String {
+        self
+    }
+}
+impl IntoCron for CronExpr {
+    fn into_cron_text(self) -> String {
+        self.0.to_owned()
+    }
+}
+
+#[derive(Clone)]
+enum When {
+    Every(Duration),
+    Cron {
+        text: String,
+        parsed: Option<Box<croner::Cron>>,
+    },
+}
+
+type Payload = Arc<dyn Fn(DateTime<Utc>) -> Result<Vec<u8>, serde_json::Error> + Send + Sync>;
+
+/// A job enqueued at times: `Schedule::every("expire_holds", Duration::from_secs(60)).on("jobs")`.
+#[derive(Clone)]
+pub struct Schedule {
+    name: String,
+    queue: Option<String>,
+    kind: Option<String>,
+    when: When,
+    tz: chrono_tz::Tz,
+    payload: Payload,
+    missed: Missed,
+}
+
+impl fmt::Debug for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let when = match &self.when {
+            When::Every(d) => format!("every {d:?}"),
+            When::Cron { text, .. } => format!("cron {text:?}"),
+        };
+        f.debug_struct("Schedule")
+            .field("name", &self.name)
+            .field("queue", &self.queue)
+            .field("kind", &self.kind)
+            .field("when", &when)
+            .field("tz", &self.tz)
+            .field("missed", &self.missed)
+            .finish()
+    }
+}
+
+impl Schedule {
+    fn new(name: impl Into<String>, when: When) -> Self {
+        Self {
+            name: name.into(),
+            queue: None,
+            kind: None,
+            when,
+            tz: chrono_tz::UTC,
+            payload: Arc::new(|_| Ok(b"{}".to_vec())),
+            missed: Missed::default(),
+        }
+    }
+
+    /// Every `period`, on ticks aligned to the Unix epoch (every worker agrees on them): every
+    /// minute ticks at :00 of each minute.
+    pub fn every(name: impl Into<String>, period: Duration) -> Self {
+        Self::new(name, When::Every(period))
+    }
+
+    /// At the times of a cron expression (`"0 3 * * *"`: 03:00 every day), in UTC unless
+    /// [`in_tz`](Self::in_tz) names a zone. A literal checked when the program compiles is
+    /// `cron!("0 3 * * *")`; an expression built at runtime is checked at startup.
+    pub fn cron(name: impl Into<String>, expr: impl IntoCron) -> Self {
+        let text = expr.into_cron_text();
+        let parsed = croner::Cron::from_str(&text).ok().map(Box::new);
+        Self::new(name, When::Cron { text, parsed })
+    }
+
+    /// At minute 0 of every hour.
+    pub fn hourly(name: impl Into<String>) -> Self {
+        Self::cron(name, "0 * * * *")
+    }
+
+    /// Every day at `hour:minute` (in UTC unless [`in_tz`](Self::in_tz) names a zone).
+    pub fn daily_at(name: impl Into<String>, hour: u32, minute: u32) -> Self {
+        Self::cron(name, format!("{minute} {hour} * * *"))
+    }
+
+    /// Reads the cron expression's times in `tz` (`chrono_tz::Europe::Prague`).
+    pub fn in_tz(mut self, tz: chrono_tz::Tz) -> Self {
+        self.tz = tz;
+        self
+    }
+
+    /// The queue the jobs go on, like every other job of their kind (required).
+    pub fn on(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// The jobs' kind (default: the schedule's name).
+    pub fn kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = Some(kind.into());
+        self
+    }
+
+    /// The same payload for every tick (default `{}`).
+    pub fn payload<T: Serialize>(mut self, value: &T) -> Self {
+        let bytes = serde_json::to_vec(value);
+        self.payload = match bytes {
+            Ok(b) => Arc::new(move |_| Ok(b.clone())),
+            Err(e) => {
+                let msg = e.to_string();
+                Arc::new(move |_| Err(serde::ser::Error::custom(msg.clone())))
+            }
+        };
+        self
+    }
+
+    /// A payload made for each tick from its time.
+    pub fn payload_with<T: Serialize, F>(mut self, make: F) -> Self
+    where
+        F: Fn(DateTime<Utc>) -> T + Send + Sync + 'static,
+    {
+        self.payload = Arc::new(move |tick| serde_json::to_vec(&make(tick)));
+        self
+    }
+
+    /// What to do about missed ticks (default [`Missed::RunOnce`]).
+    pub fn missed(mut self, policy: Missed) -> Self {
+        self.missed = policy;
+        self
+    }
+
+    /// The schedule's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The queue its jobs go on.
+    pub fn queue(&self) -> Option<&str> {
+        self.queue.as_deref()
+    }
+
+    /// The first tick strictly after `t`.
+    pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match &self.when {
+            When::Every(period) => {
+                let p = i64::try_from(period.as_millis()).ok().filter(|p| *p > 0)?;
+                let ms = t.timestamp_millis();
+                DateTime::<Utc>::from_timestamp_millis((ms.div_euclid(p) + 1) * p)
+            }
+            When::Cron { parsed, .. } => {
+                let local = self.tz.from_utc_datetime(&t.naive_utc());
+                let next = parsed.as_ref()?.find_next_occurrence(&local, false).ok()?;
+                Some(next.with_timezone(&Utc))
+            }
+        }
+    }
+
+    /// Problems that stop the service.
+    pub(crate) fn problems(&self) -> Vec<Problem> {
+        let who = format!("schedule `{}`", self.name);
+        let mut out = Vec::new();
+        match &self.when {
+            When::Every(d) if d.as_millis() == 0 => out.push(Problem {
+                mount: who.clone(),
+                message:
+                    "a period of zero would tick forever: give it a period of a second or more"
+                        .to_owned(),
+            }),
+            When::Cron { text, parsed: None } => {
+                let why = croner::Cron::from_str(text)
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                out.push(Problem {
+                    mount: who.clone(),
+                    message: format!("the cron expression {text:?} does not parse ({why}): write five fields, minute hour day month weekday, e.g. \"0 3 * * *\""),
+                });
+            }
+            _ => {}
+        }
+        if self.queue.is_none() {
+            out.push(Problem {
+                mount: who,
+                message: "it names no queue: add `.on(\"jobs\")`, the queue its kind's jobs go on"
+                    .to_owned(),
+            });
+        }
+        out
+    }
+
+    fn kind_name(&self) -> &str {
+        self.kind.as_deref().unwrap_or(&self.name)
+    }
+
+    fn queue_name(&self) -> &str {
+        self.queue.as_deref().unwrap_or("")
+    }
+
+    /// How long a tick's lock is kept: the lock is also the record that the tick was enqueued.
+    fn lock_ttl(&self) -> Duration {
+        match &self.when {
+            When::Every(p) => (*p * 2).max(Duration::from_secs(3600)),
+            When::Cron { .. } => Duration::from_secs(25 * 3600),
+        }
+    }
+}
+
+/// A schedule bound to the route that enqueues its jobs.
+pub(crate) struct Bound {
+    pub(crate) schedule: Schedule,
+    pub(crate) route: Arc<dyn ErasedRoute>,
+}
+
+/// The scheduler's progress, for the test harness: the clock time it has caught up to, and its
+/// next tick.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Progress {
+    pub(crate) caught_up_to: Option<DateTime<Utc>>,
+    pub(crate) next_tick: Option<DateTime<Utc>>,
+}
+
+/// The scheduler loop of one service.
+pub(crate) async fn run(
+    bound: Vec<Bound>,
+    clock: Clock,
+    mut stop: watch::Receiver<bool>,
+    progress: Arc<watch::Sender<Progress>>,
+    token: String,
+) {
+    let mut next: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(bound.len());
+    let start = clock.now();
+    for b in &bound {
+        next.push(catch_up(b, start, &token).await);
+    }
+    publish_progress(&progress, start, &next);
+    let mut clock_rx = clock.subscribe();
+    loop {
+        let now = clock.now();
+        let soonest = next.iter().flatten().min().copied();
+        let nap = soonest
+            .map(|t| (t - now).to_std().unwrap_or(Duration::ZERO))
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        let clock_changed = async {
+            match clock_rx.as_mut() {
+                Some(rx) => {
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(nap) => {}
+            _ = clock_changed => {}
+            _ = stop.changed() => return,
+        }
+        let now = clock.now();
+        for (b, n) in bound.iter().zip(next.iter_mut()) {
+            while let Some(t) = *n
+                && t <= now
+            {
+                enqueue(b, t, &token).await;
+                *n = b.schedule.next_after(t);
+            }
+        }
+        publish_progress(&progress, now, &next);
+    }
+}
+
+fn publish_progress(
+    progress: &watch::Sender<Progress>,
+    now: DateTime<Utc>,
+    next: &[Option<DateTime<Utc>>],
+) {
+    progress.send_replace(Progress {
+        caught_up_to: Some(now),
+        next_tick: next.iter().flatten().min().copied(),
+    });
+}
+
+/// Applies the missed-tick policy at start; returns the first tick to wait for.
+async fn catch_up(b: &Bound, now: DateTime<Utc>, token: &str) -> Option<DateTime<Utc>> {
+    let s = &b.schedule;
+    let last = match b.route.last_tick(&s.name).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(schedule = %s.name, error = %e, "cannot read the schedule's last tick: missed ticks are not caught up");
+            None
+        }
+    };
+    if let Some(last) = last {
+        let mut missed = Vec::new();
+        let mut t = s.next_after(last);
+        while let Some(tick) = t
+            && tick <= now
+        {
+            missed.push(tick);
+            if missed.len() > 1_000 {
+                missed.remove(0);
+            }
+            t = s.next_after(tick);
+        }
+        if !missed.is_empty() {
+            tracing::warn!(
+                schedule = %s.name,
+                last = %last,
+                missed = missed.len(),
+                policy = ?s.missed,
+                "ticks were missed while no worker ran"
+            );
+            match s.missed {
+                Missed::Skip => {}
+                Missed::RunOnce => enqueue(b, *missed.last().expect("not empty"), token).await,
+                Missed::RunAll => {
+                    for tick in missed {
+                        enqueue(b, tick, token).await;
+                    }
+                }
+            }
+        }
+    }
+    s.next_after(now)
+}
+
+/// Enqueues one tick unless another worker holds it.
+async fn enqueue(b: &Bound, tick: DateTime<Utc>, token: &str) {
+    let s = &b.schedule;
+    let key = format!("sched:{}:{}", s.name, tick.timestamp_millis());
+    match b.route.try_lock(&key, token, s.lock_ttl()).await {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            tracing::warn!(schedule = %s.name, %tick, error = %e, "cannot take the tick's lock: not enqueued by this worker");
+            return;
+        }
+    }
+    let payload = match (s.payload)(tick) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!(schedule = %s.name, %tick, error = %e, "the payload does not encode: tick not enqueued");
+            return;
+        }
+    };
+    let job = Job::from_bytes(s.queue_name(), payload)
+        .kind(s.kind_name())
+        .id(tick_job_id(&s.name, tick));
+    match b.route.publish(job).await {
+        Ok(_) => {
+            tracing::info!(schedule = %s.name, %tick, queue = s.queue_name(), "tick enqueued");
+            if let Err(e) = b.route.mark_tick(&s.name, tick).await {
+                tracing::warn!(schedule = %s.name, error = %e, "cannot record the tick");
+            }
+        }
+        Err(e) => {
+            tracing::error!(schedule = %s.name, %tick, error = %e, "the tick could not be enqueued: released for another worker");
+            let _ = b.route.unlock(&key, token).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn utc(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s)
+            .expect("a time")
+            .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn every_minute_ticks_on_the_minute() {
+        let s = Schedule::every("expire_holds", Duration::from_secs(60));
+        assert_eq!(
+            s.next_after(utc("2026-11-29T10:15:42Z")),
+            Some(utc("2026-11-29T10:16:00Z"))
+        );
+        assert_eq!(
+            s.next_after(utc("2026-11-29T10:16:00Z")),
+            Some(utc("2026-11-29T10:17:00Z"))
+        );
+    }
+
+    #[test]
+    fn cron_in_a_time_zone_keeps_its_wall_clock_time_across_dst() {
+        // 03:00 in Prague: 02:00 UTC in winter (CET), 01:00 UTC in summer (CEST). Summer time
+        // starts on 2026-03-29 at 02:00 local.
+        let s = Schedule::daily_at("reconcile_payments", 3, 0).in_tz(chrono_tz::Europe::Prague);
+        assert_eq!(
+            s.next_after(utc("2026-03-27T12:00:00Z")),
+            Some(utc("2026-03-28T02:00:00Z"))
+        );
+        assert_eq!(
+            s.next_after(utc("2026-03-28T02:00:00Z")),
+            Some(utc("2026-03-29T01:00:00Z"))
+        );
+        assert_eq!(
+            s.next_after(utc("2026-03-29T01:00:00Z")),
+            Some(utc("2026-03-30T01:00:00Z"))
+        );
+        // And back on 2026-10-25.
+        assert_eq!(
+            s.next_after(utc("2026-10-24T12:00:00Z")),
+            Some(utc("2026-10-25T02:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn hourly_is_on_the_hour() {
+        let s = Schedule::hourly("purge_idempotency_keys");
+        assert_eq!(
+            s.next_after(utc("2026-11-29T10:15:42Z")),
+            Some(utc("2026-11-29T11:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn a_bad_expression_or_no_queue_is_a_startup_problem() {
+        let p = Schedule::cron("x", "61 * * * *").problems();
+        assert!(
+            p.iter().any(|p| p.message.contains("does not parse")),
+            "{p:?}"
+        );
+        assert!(
+            p.iter().any(|p| p.message.contains("names no queue")),
+            "{p:?}"
+        );
+        assert!(
+            Schedule::every("y", Duration::ZERO).on("q").problems()[0]
+                .message
+                .contains("period of zero")
+        );
+        assert!(Schedule::hourly("z").on("jobs").problems().is_empty());
+    }
+}
