@@ -1016,6 +1016,46 @@ impl Broker for RedisBroker {
         })
     }
 
+    async fn queues(&self) -> Result<Vec<String>, BrokerError> {
+        // Every stream under this namespace: `{ns jobs}` is the queue `jobs`, `{ns jobs}:dead`
+        // its dead stream. On a Redis Cluster SCAN answers for one node: name the queue
+        // there instead of listing.
+        let mut c = self.conn()?;
+        let pattern = format!("{{{}*", self.namespace);
+        let mut names = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .arg("TYPE")
+                .arg("stream")
+                .query_async(&mut c)
+                .await
+                .map_err(conn_err)?;
+            for k in keys {
+                if let Some(rest) = k.strip_prefix('{')
+                    && let Some(end) = rest.find('}')
+                {
+                    let base = rest[..end]
+                        .strip_prefix(self.namespace.as_str())
+                        .unwrap_or(&rest[..end]);
+                    names.push(format!("{base}{}", &rest[end + 1..]));
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
     async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
         let keys = self.keys(dead);
         let mut c = self.conn()?;

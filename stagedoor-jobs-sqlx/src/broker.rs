@@ -128,6 +128,19 @@ impl<DB: Database> SqlxBroker<DB> {
         SqlxRoute::new(self.clone(), group.into())
     }
 
+    /// A route for a table described at run time (an operator's tool reading any job table);
+    /// services use [`route`](Self::route) with their row type.
+    pub fn route_with_table(
+        &self,
+        table: stagedoor_jobs::inbox::Table,
+        group: impl Into<String>,
+    ) -> SqlxRoute<DB, crate::AnyTable>
+    where
+        DB: crate::route::Dialect,
+    {
+        SqlxRoute::with_table(self.clone(), group.into(), table)
+    }
+
     /// The pool, once the service has started.
     pub fn pool(&self) -> Option<&Pool<DB>> {
         self.shared.pool.get()

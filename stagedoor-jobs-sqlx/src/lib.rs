@@ -26,7 +26,38 @@ mod sql;
 
 pub use broker::SqlxBroker;
 pub use queue::InboxQueue;
-pub use route::{SqlReceipt, SqlxRoute};
+pub use route::{Dialect, SqlReceipt, SqlxRoute};
+
+/// The row type of a route whose table is described at run time
+/// ([`SqlxBroker::route_with_table`]); its own `TABLE` is never read.
+#[derive(Debug)]
+pub struct AnyTable;
+
+impl stagedoor_jobs::Inbox for AnyTable {
+    const TABLE: stagedoor_jobs::inbox::Table = stagedoor_jobs::inbox::Table {
+        schema: None,
+        name: "any_table",
+        id: stagedoor_jobs::inbox::Column {
+            name: "id",
+            generated: true,
+            ty: stagedoor_jobs::inbox::ColumnType::Integer,
+        },
+        group: None,
+        fifo: false,
+        attempt: None,
+        retry_after: None,
+        locked_until: None,
+        payload: stagedoor_jobs::inbox::Column {
+            name: "payload",
+            generated: false,
+            ty: stagedoor_jobs::inbox::ColumnType::Bytes,
+        },
+        enqueued_at: None,
+        last_error: None,
+        headers: None,
+        columns: &[],
+    };
+}
 pub use stagedoor_jobs::Inbox;
 // pub use stagedoor_jobs_macros::Inbox; (derive: lands with the macro)
 

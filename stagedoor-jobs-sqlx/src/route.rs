@@ -109,6 +109,7 @@ struct Idle {
 }
 
 struct RouteInner {
+    table: Table,
     idle: Mutex<HashMap<String, Idle>>,
     stmts: Result<Arc<Statements>, Vec<String>>,
     dead_tables: Mutex<HashMap<String, Arc<Statements>>>,
@@ -146,10 +147,14 @@ impl<DB: Database, Row> fmt::Debug for SqlxRoute<DB, Row> {
 
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     pub(crate) fn new(broker: SqlxBroker<DB>, group: String) -> Self {
-        let problems = validate(&Row::TABLE);
+        Self::with_table(broker, group, Row::TABLE)
+    }
+
+    pub(crate) fn with_table(broker: SqlxBroker<DB>, group: String, table: Table) -> Self {
+        let problems = validate(&table);
         let stmts = if problems.is_empty() {
             Ok(Arc::new(Statements::new(
-                Row::TABLE,
+                table,
                 <DB as sealed::Sealed>::FLAVOR,
             )))
         } else {
@@ -159,6 +164,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             broker,
             default_group: Arc::from(group),
             inner: Arc::new(RouteInner {
+                table,
                 idle: Mutex::new(HashMap::new()),
                 stmts,
                 dead_tables: Mutex::new(HashMap::new()),
@@ -185,10 +191,15 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             .map_err(|p| BrokerError::Backend(p.join("; ")))
     }
 
+    /// The table's layout.
+    pub fn table(&self) -> &Table {
+        &self.inner.table
+    }
+
     /// Whether the table has a group column (dead letters are groups), or dead letters are
     /// other tables.
     fn grouped(&self) -> bool {
-        Row::TABLE.group.is_some()
+        self.table().group.is_some()
     }
 
     /// The statements of the dead-letter table `name`, validated and cached.
@@ -217,7 +228,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     /// The statements that read queue `name`: the table's own for a group (or for the table's
     /// own name), a dead-letter table's otherwise.
     fn stmts_for(&self, name: &str) -> Result<Arc<Statements>, BrokerError> {
-        if self.grouped() || name == Row::TABLE.name || name == &*self.default_group {
+        if self.grouped() || name == self.table().name || name == &*self.default_group {
             Ok(Arc::clone(self.stmts()?))
         } else {
             self.dead_table(name)
@@ -339,7 +350,7 @@ macro_rules! impl_for {
                 }
 
                 pub(crate) async fn exec(&self, stmt: &Stmt, v: &Vals) -> Result<u64, BrokerError> {
-                    let r = query(stmt, v, &Row::TABLE).execute(self.pool()?).await.map_err(db_err)?;
+                    let r = query(stmt, v, self.table()).execute(self.pool()?).await.map_err(db_err)?;
                     Ok(r.rows_affected())
                 }
 
@@ -350,7 +361,7 @@ macro_rules! impl_for {
 
                 pub(crate) fn encode_job(&self, queue: &str, envelope: &Envelope, at: Option<DateTime<Utc>>) -> Result<Vals, BrokerError> {
                     let now = self.broker.now();
-                    let t = &Row::TABLE;
+                    let t = self.table();
                     if t.headers.is_none() && envelope.kind() != queue {
                         return Err(BrokerError::Backend(format!(
                             "table `{}` has no headers column to carry the kind `{}`: add a `#[field(headers)]` text column, or publish without a kind",
@@ -410,7 +421,7 @@ macro_rules! impl_for {
                     let (queue, envelope, at) = job.into_parts(self.broker.now());
                     let id = envelope.id().clone();
                     let v = self.encode_job(&queue, &envelope, at)?;
-                    query(&stmts.insert_notify, &v, &Row::TABLE).execute(&mut *conn).await.map_err(db_err)?;
+                    query(&stmts.insert_notify, &v, self.table()).execute(&mut *conn).await.map_err(db_err)?;
                     self.broker.wake_all();
                     Ok(id)
                 }
@@ -581,7 +592,7 @@ macro_rules! impl_broker {
             }
 
             async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
-                let table = &Row::TABLE;
+                let table = self.table();
                 let who = |m: &MountInfo| format!("mount `{}` on queue `{}`", m.subscriber, m.queue);
                 let mut problems = Vec::new();
                 let stmts = match &self.inner.stmts {
@@ -900,11 +911,11 @@ macro_rules! impl_broker {
                 }
                 if let [v] = &vals[..] {
                     // One job: one statement (its NOTIFY included on Postgres).
-                    $module::query(&stmts.insert_notify, v, &Row::TABLE).execute(self.pool()?).await.map_err(db_err)?;
+                    $module::query(&stmts.insert_notify, v, self.table()).execute(self.pool()?).await.map_err(db_err)?;
                 } else {
                     let mut tx = self.pool()?.begin().await.map_err(db_err)?;
                     for v in &vals {
-                        $module::query(&stmts.insert, v, &Row::TABLE).execute(&mut *tx).await.map_err(db_err)?;
+                        $module::query(&stmts.insert, v, self.table()).execute(&mut *tx).await.map_err(db_err)?;
                     }
                     self.notify_in(&mut tx, queue).await?;
                     tx.commit().await.map_err(db_err)?;
@@ -1018,7 +1029,7 @@ macro_rules! impl_broker {
                         let dead_stmts = self.dead_table(dead)?;
                         async {
                             let mut tx = self.pool()?.begin().await.map_err(db_err)?;
-                            let copy = dead_stmts.copy_into(Row::TABLE.name, false);
+                            let copy = dead_stmts.copy_into(self.table().name, false);
                             let n = $module::query(&copy, &v, &dead_stmts.table).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
                             if n == 1 {
                                 $module::query(&stmts.clear_lease, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?;
@@ -1080,13 +1091,30 @@ macro_rules! impl_broker {
                 })
             }
 
+            async fn queues(&self) -> Result<Vec<String>, BrokerError> {
+                let table = *self.table();
+                let mut names = match table.group {
+                    Some(g) => {
+                        let sql = format!("SELECT DISTINCT CAST(\"{}\" AS TEXT) FROM {}", g.name, table.qualified());
+                        sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).fetch_all(self.pool()?).await.map_err(db_err)?
+                    }
+                    None => vec![self.default_group.to_string()],
+                };
+                for m in self.inner.origins.lock().expect("lock").keys() {
+                    names.push(m.clone());
+                }
+                names.sort();
+                names.dedup();
+                Ok(names)
+            }
+
             async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
                 let s = self.stats(dead).await?;
                 Ok(s.ready + s.pending + s.delayed)
             }
 
             fn default_dead_letter(&self, queue: &str) -> String {
-                if self.grouped() { format!("{queue}.dead") } else { format!("{}_dead", Row::TABLE.name) }
+                if self.grouped() { format!("{queue}.dead") } else { format!("{}_dead", self.table().name) }
             }
 
             fn lease(&self) -> Duration {

@@ -306,6 +306,10 @@ pub trait Broker: Clone + Send + Sync + 'static {
     /// What `queue` holds now.
     fn stats(&self, queue: &str) -> impl Future<Output = Result<QueueStats, BrokerError>> + Send;
 
+    /// The names of the queues (and dead letters) the backend holds now, sorted: what an
+    /// operator's `queues` lists.
+    fn queues(&self) -> impl Future<Output = Result<Vec<String>, BrokerError>> + Send;
+
     /// How many dead letters `dead` holds.
     fn dead_len(&self, dead: &str) -> impl Future<Output = Result<u64, BrokerError>> + Send;
 

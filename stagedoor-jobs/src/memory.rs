@@ -496,6 +496,12 @@ impl Broker for MemoryBroker {
         Ok(s)
     }
 
+    async fn queues(&self) -> Result<Vec<String>, BrokerError> {
+        let mut names: Vec<String> = self.mem().queues.keys().cloned().collect();
+        names.sort();
+        Ok(names)
+    }
+
     async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
         let mem = self.mem();
         Ok(mem.queues.get(dead).map_or(0, |q| {
