@@ -249,6 +249,7 @@ impl RedisBroker {
     fn note_trimmed(&self, dead: &str, n: i64) {
         if n > 0 {
             self.inner.trimmed.fetch_add(n as u64, Ordering::Relaxed);
+            metrics::counter!("stagedoor_jobs_dead_trimmed_total", "dead_letter" => dead.to_owned()).increment(n as u64);
             tracing::warn!(
                 dead_stream = dead,
                 trimmed = n,

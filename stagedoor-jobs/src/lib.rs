@@ -49,6 +49,7 @@ mod envelope;
 mod extract;
 mod handler;
 pub mod inbox;
+mod monitor;
 mod mount;
 mod outcome;
 mod panic;
@@ -71,6 +72,7 @@ pub use envelope::{Envelope, Headers, Job, JobId, RunAt};
 pub use extract::{Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
 pub use handler::{BoxFuture, Handler, HandlerFn};
 pub use inbox::Inbox;
+pub use monitor::DeadLetterAlert;
 pub use mount::{
     DEFAULT_CONCURRENCY, Mount, OnDecodeError, RouteBuilder, Set, Undeclared, Unset, steps,
 };

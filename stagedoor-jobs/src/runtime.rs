@@ -43,6 +43,8 @@ pub(crate) struct RunCtx {
     pub(crate) observers: Arc<[Arc<dyn Observer>]>,
     /// Deliveries this service has claimed and not yet finished with (settled or abandoned).
     pub(crate) in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Woken when a job is dead-lettered, so the dead-letter gauges and alert look at once.
+    pub(crate) dead_lettered: Arc<tokio::sync::Notify>,
 }
 
 /// A route with its broker type erased.
@@ -76,6 +78,7 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
         tick: DateTime<Utc>,
     ) -> BoxFuture<'a, Result<(), BrokerError>>;
     fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>>;
+    fn dead_len<'a>(&'a self, dead: &'a str) -> BoxFuture<'a, Result<u64, BrokerError>>;
     fn next_due<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Option<DateTime<Utc>>>;
     fn dead_letters<'a>(
         &'a self,
@@ -236,6 +239,9 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, BrokerError>> {
         Box::pin(self.broker.try_lock(key, token, ttl))
+    }
+    fn dead_len<'a>(&'a self, dead: &'a str) -> BoxFuture<'a, Result<u64, BrokerError>> {
+        Box::pin(self.broker.dead_len(dead))
     }
     fn unlock<'a>(
         &'a self,
@@ -465,7 +471,10 @@ impl<B: Broker> Worker<B> {
                     env.clone(),
                     Arc::clone(&self.ctx.state),
                 ));
-                CatchPanic::new(spec.handler.run(ctx)).await
+                let started = std::time::Instant::now();
+                let ran = CatchPanic::new(spec.handler.run(ctx)).await;
+                crate::monitor::handler_duration(&self.queue.name, env.kind(), started.elapsed());
+                ran
             };
             let ran = self.with_renewal(&delivery, run).await;
             let settlement = match ran {
@@ -578,7 +587,13 @@ impl<B: Broker> Worker<B> {
                 .settle(&self.queue.name, delivery, settlement.clone())
                 .await
             {
-                Ok(Settled::Done) => return,
+                Ok(Settled::Done) => {
+                    crate::monitor::count(&self.queue.name, delivery.envelope.kind(), &settlement);
+                    if matches!(settlement, Settlement::DeadLetter { .. }) {
+                        self.ctx.dead_lettered.notify_one();
+                    }
+                    return;
+                }
                 Ok(Settled::LeaseLost) => {
                     for o in self.ctx.observers.iter() {
                         o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);

@@ -15,6 +15,7 @@ use crate::clock::Clock;
 use crate::envelope::{Job, JobId};
 use crate::extract::State;
 use crate::handler::BoxFuture;
+use crate::monitor::{self, AlertHook, DeadLetterAlert};
 use crate::mount::{OnDecodeError, RouteBuilder};
 use crate::outcome::BoxError;
 use crate::runtime::{ErasedRoute, Observer, RouteRuntime, RunCtx};
@@ -107,6 +108,8 @@ pub struct Service {
     pub(crate) clock: Clock,
     pub(crate) observers: Vec<Arc<dyn Observer>>,
     schedules: Vec<Schedule>,
+    alert: Option<AlertHook>,
+    metrics_interval: Duration,
 }
 
 impl fmt::Debug for Service {
@@ -131,6 +134,8 @@ impl Service {
             clock: Clock::system(),
             observers: Vec::new(),
             schedules: Vec::new(),
+            alert: None,
+            metrics_interval: Duration::from_secs(5),
         }
     }
 
@@ -174,6 +179,23 @@ impl Service {
     /// ```
     pub fn schedule(mut self, schedule: Schedule) -> Self {
         self.schedules.push(schedule);
+        self
+    }
+
+    /// Calls `hook` when a dead letter of this service goes from empty to not empty (an error
+    /// is logged either way): wire it to your pager. Seen at once when this worker
+    /// dead-letters a job, and within the metrics interval otherwise.
+    pub fn on_dead_letter(
+        mut self,
+        hook: impl Fn(&DeadLetterAlert) + Send + Sync + 'static,
+    ) -> Self {
+        self.alert = Some(Arc::new(hook));
+        self
+    }
+
+    /// How often queue and dead-letter gauges are sampled (default 5 s).
+    pub fn metrics_interval(mut self, every: Duration) -> Self {
+        self.metrics_interval = every;
         self
     }
 
@@ -310,7 +332,9 @@ impl Service {
         }
         let (stop_tx, stop_rx) = watch::channel(false);
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let dead_lettered = Arc::new(tokio::sync::Notify::new());
         let ctx = RunCtx {
+            dead_lettered: Arc::clone(&dead_lettered),
             in_flight: Arc::clone(&in_flight),
             state: Arc::new(std::mem::take(&mut self.state)),
             stop: stop_rx.clone(),
@@ -325,6 +349,15 @@ impl Service {
                     source,
                 }
             })?);
+        }
+        if !self.routes.is_empty() {
+            tasks.push(tokio::spawn(monitor::run(
+                self.routes.clone(),
+                self.metrics_interval,
+                dead_lettered,
+                self.alert.take(),
+                stop_rx.clone(),
+            )));
         }
         let mut progress = None;
         if !self.schedules.is_empty() {

@@ -1,0 +1,147 @@
+//! What a dashboard and an alert need: metrics through the `metrics` facade, sampled queue
+//! gauges, and the dead-letter alert (a dead letter that went from empty to not empty).
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `stagedoor_jobs_processed_total` | counter | queue, kind |
+//! | `stagedoor_jobs_failed_total` | counter | queue, kind |
+//! | `stagedoor_jobs_retried_total` | counter | queue, kind |
+//! | `stagedoor_jobs_dropped_total` | counter | queue, kind |
+//! | `stagedoor_jobs_dead_lettered_total` | counter | queue, kind |
+//! | `stagedoor_jobs_handler_duration_seconds` | histogram | queue, kind |
+//! | `stagedoor_jobs_queue_depth` | gauge | queue |
+//! | `stagedoor_jobs_queue_pending` | gauge | queue |
+//! | `stagedoor_jobs_queue_delayed` | gauge | queue |
+//! | `stagedoor_jobs_dead_letter_length` | gauge | dead_letter |
+//! | `stagedoor_jobs_dead_trimmed_total` | counter | dead_letter (Redis) |
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{Notify, watch};
+
+use crate::broker::Settlement;
+use crate::runtime::ErasedRoute;
+
+/// A dead letter that went from empty to not empty: every entry there is a job that needs a
+/// person (seed 000: "a length that went from 0 to 1 at 21:14 is a page").
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterAlert {
+    /// The dead letter (`jobs:dead`, `emails.dead`).
+    pub dead_letter: String,
+    /// The queues whose failures go there.
+    pub queues: Vec<String>,
+    /// Its length now.
+    pub length: u64,
+    /// When the change was seen.
+    pub at: DateTime<Utc>,
+}
+
+/// A route, its queues, and its dead letters with the queues that fail into them.
+type Watched = (Arc<dyn ErasedRoute>, Vec<String>, HashMap<String, Vec<String>>);
+
+/// The alert hook: called once per transition from empty to not empty.
+pub(crate) type AlertHook = Arc<dyn Fn(&DeadLetterAlert) + Send + Sync>;
+
+/// Counts one settled delivery.
+pub(crate) fn count(queue: &str, kind: &str, settlement: &Settlement) {
+    let labels = [("queue", queue.to_owned()), ("kind", kind.to_owned())];
+    metrics::counter!("stagedoor_jobs_processed_total", &labels).increment(1);
+    match settlement {
+        Settlement::Ack => {}
+        Settlement::Drop => metrics::counter!("stagedoor_jobs_dropped_total", &labels).increment(1),
+        Settlement::Retry { .. } => {
+            metrics::counter!("stagedoor_jobs_failed_total", &labels).increment(1);
+            metrics::counter!("stagedoor_jobs_retried_total", &labels).increment(1);
+        }
+        Settlement::DeadLetter { .. } => {
+            metrics::counter!("stagedoor_jobs_failed_total", &labels).increment(1);
+            metrics::counter!("stagedoor_jobs_dead_lettered_total", &labels).increment(1);
+        }
+    }
+}
+
+/// Records how long a handler ran.
+pub(crate) fn handler_duration(queue: &str, kind: &str, d: Duration) {
+    metrics::histogram!("stagedoor_jobs_handler_duration_seconds", "queue" => queue.to_owned(), "kind" => kind.to_owned())
+        .record(d.as_secs_f64());
+}
+
+/// Samples the gauges of every queue and dead letter of the service every `every`, and at once
+/// when a job is dead-lettered; calls the alert hook (and logs at error level) when a dead
+/// letter goes from empty to not empty.
+pub(crate) async fn run(
+    routes: Vec<Arc<dyn ErasedRoute>>,
+    every: Duration,
+    dead_lettered: Arc<Notify>,
+    hook: Option<AlertHook>,
+    mut stop: watch::Receiver<bool>,
+) {
+    // Dead letters and the queues that fail into them, per route.
+    let mut watched: Vec<Watched> = Vec::new();
+    for r in routes {
+        let mut queues: Vec<String> = Vec::new();
+        let mut dead: HashMap<String, Vec<String>> = HashMap::new();
+        for m in r.mounts() {
+            if !queues.contains(&m.queue) {
+                queues.push(m.queue.clone());
+            }
+            let target = m
+                .dead_letter
+                .clone()
+                .unwrap_or_else(|| r.default_dead_letter(&m.queue));
+            let from = dead.entry(target).or_default();
+            if !from.contains(&m.queue) {
+                from.push(m.queue.clone());
+            }
+        }
+        watched.push((r, queues, dead));
+    }
+    let mut last: HashMap<String, u64> = HashMap::new();
+    loop {
+        for (route, queues, dead) in &watched {
+            for q in queues {
+                if let Ok(s) = route.stats(q).await {
+                    metrics::gauge!("stagedoor_jobs_queue_depth", "queue" => q.clone())
+                        .set(s.ready as f64);
+                    metrics::gauge!("stagedoor_jobs_queue_pending", "queue" => q.clone())
+                        .set(s.pending as f64);
+                    metrics::gauge!("stagedoor_jobs_queue_delayed", "queue" => q.clone())
+                        .set(s.delayed as f64);
+                }
+            }
+            for (d, from) in dead {
+                let Ok(len) = route.dead_len(d).await else {
+                    continue;
+                };
+                metrics::gauge!("stagedoor_jobs_dead_letter_length", "dead_letter" => d.clone())
+                    .set(len as f64);
+                let before = last.insert(d.clone(), len);
+                if before == Some(0) && len > 0 {
+                    let alert = DeadLetterAlert {
+                        dead_letter: d.clone(),
+                        queues: from.clone(),
+                        length: len,
+                        at: Utc::now(),
+                    };
+                    tracing::error!(
+                        dead_letter = %alert.dead_letter,
+                        queues = ?alert.queues,
+                        length = alert.length,
+                        "a dead letter went from empty to {len}: every entry there is a job that needs a person"
+                    );
+                    if let Some(h) = &hook {
+                        h(&alert);
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = dead_lettered.notified() => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
