@@ -15,7 +15,7 @@ struct Task {
 
 async fn work(t: &Task) -> HandlerOutcome {
     tokio::time::sleep(Duration::from_millis(5)).await;
-    if t.n % 5 == 0 {
+    if t.n.is_multiple_of(5) {
         HandlerOutcome::retry()
     } else {
         HandlerOutcome::ack()
