@@ -40,7 +40,11 @@ pub struct DeadLetterAlert {
 }
 
 /// A route, its queues, and its dead letters with the queues that fail into them.
-type Watched = (Arc<dyn ErasedRoute>, Vec<String>, HashMap<String, Vec<String>>);
+type Watched = (
+    Arc<dyn ErasedRoute>,
+    Vec<String>,
+    HashMap<String, Vec<String>>,
+);
 
 /// The alert hook: called once per transition from empty to not empty.
 pub(crate) type AlertHook = Arc<dyn Fn(&DeadLetterAlert) + Send + Sync>;
