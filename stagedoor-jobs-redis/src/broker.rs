@@ -342,7 +342,7 @@ impl RedisBroker {
         max: usize,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
         let mut c = self.conn()?;
-        let reply: Value = scripts::RECLAIM
+        let reply: redis::RedisResult<Value> = scripts::RECLAIM
             .key(&keys.stream)
             .key(&keys.dead)
             .key(&keys.ids)
@@ -355,10 +355,26 @@ impl RedisBroker {
             .arg(self.now().to_rfc3339())
             .arg(&keys.name)
             .invoke_async(&mut c)
-            .await
-            .map_err(conn_err)?;
+            .await;
+        let reply = match reply {
+            Ok(v) => v,
+            // The stream or its group is gone (a server restarted without persistence, a
+            // FLUSHALL): make them again. Failing here instead would fail every claim from now
+            // on, since the claim never got as far as the read that re-creates the group.
+            Err(e) if e.to_string().contains("NOGROUP") => {
+                self.prepare(&keys.name).await?;
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(conn_err(e)),
+        };
+        // {entries to run, dead-stream entries trimmed by the dead letters it made}
+        let (items, trimmed) = match value::array(&reply) {
+            [items, trimmed] => (value::array(items), value::int(trimmed).unwrap_or(0)),
+            _ => (&[][..], 0),
+        };
+        self.note_trimmed(&keys.dead, trimmed);
         let mut out = Vec::new();
-        for item in value::array(&reply) {
+        for item in items {
             let [id, f, d] = value::array(item) else {
                 continue;
             };
@@ -590,26 +606,27 @@ impl Broker for RedisBroker {
             .arg(&self.inner.consumer)
             .arg("COUNT")
             .arg(max - out.len());
-        let reply: Value = if block.is_zero() {
+        let mut c = if block.is_zero() {
             read.arg("STREAMS").arg(&keys.stream).arg(">");
-            let mut c = self.conn()?;
-            read.query_async(&mut c).await.map_err(conn_err)?
+            self.conn()?
         } else {
             read.arg("BLOCK")
                 .arg(block.as_millis().max(1) as u64)
                 .arg("STREAMS")
                 .arg(&keys.stream)
                 .arg(">");
-            let mut c = self.blocking_conn(queue).await?;
-            match read.query_async(&mut c).await {
-                Ok(v) => v,
-                Err(e) if e.to_string().contains("NOGROUP") => {
-                    // The stream was deleted under us: make it again.
-                    self.prepare(queue).await?;
-                    Value::Nil
-                }
-                Err(e) => return Err(conn_err(e)),
+            self.blocking_conn(queue).await?
+        };
+        // Both reads, blocking or not, make a deleted stream again (it used to be only the
+        // blocking one: the other failed every claim until a blocking read happened).
+        let reply: Value = match read.query_async(&mut c).await {
+            Ok(v) => v,
+            Err(e) if e.to_string().contains("NOGROUP") => {
+                // The stream was deleted under us: make it again.
+                self.prepare(queue).await?;
+                Value::Nil
             }
+            Err(e) => return Err(conn_err(e)),
         };
         for (id, fields) in value::read_reply(&reply) {
             if let Some(d) = self.delivery(&keys, id, fields, 1).await? {

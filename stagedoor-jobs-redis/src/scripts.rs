@@ -115,12 +115,15 @@ return {#due, nxt[2] or false}
 /// KEYS: stream, dead, ids. ARGV: group, consumer, min_idle_ms, count, max_deliveries,
 /// maxlen, failed_at, queue. Reclaims entries idle past their lease (XAUTOCLAIM), forgets
 /// entries deleted while pending, dead-letters entries delivered more than max_deliveries
-/// times without running them, and returns the rest as {id, fields, deliveries}.
+/// times without running them, and returns {the rest as {id, fields, deliveries}, dead-stream
+/// entries trimmed by those dead letters} (the count was not returned before, so these trims
+/// were missing from `RedisBroker::trimmed()` and the log).
 pub(crate) static RECLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
 local out = {}
+local trimmed = 0
 if r[3] then
   for _, id in ipairs(r[3]) do redis.call('XACK', KEYS[1], ARGV[1], id) end
 end
@@ -148,7 +151,9 @@ for _, e in ipairs(r[2]) do
       table.insert(g, 'traceback'); table.insert(g, '')
       table.insert(g, 'failed_at'); table.insert(g, ARGV[7])
       table.insert(g, 'origin'); table.insert(g, ARGV[8])
+      local before = redis.call('XLEN', KEYS[2])
       redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', unpack(g))
+      trimmed = trimmed + before + 1 - redis.call('XLEN', KEYS[2])
       redis.call('XACK', KEYS[1], ARGV[1], id)
       redis.call('XDEL', KEYS[1], id)
       redis.call('SREM', KEYS[3], job)
@@ -157,7 +162,7 @@ for _, e in ipairs(r[2]) do
     end
   end
 end
-return out
+return {out, trimmed}
 ",
     )
 });
