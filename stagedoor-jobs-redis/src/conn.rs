@@ -33,7 +33,9 @@ impl Target {
                 let config = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(RESPONSE_TIMEOUT))
                     .set_connection_timeout(Some(Duration::from_secs(5)))
-                    .set_number_of_retries(6)
+                    // Few retries per attempt: a start against a server that is down fails fast with
+                    // its one line, and a running worker retries its claims with backoff anyway.
+                    .set_number_of_retries(2)
                     .set_max_delay(Duration::from_secs(5));
                 Ok(Conn::Single(
                     ConnectionManager::new_with_config(c.clone(), config).await?,
