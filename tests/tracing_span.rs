@@ -17,7 +17,10 @@ struct Fields(HashMap<String, String>);
 
 impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}").trim_matches('"').to_owned());
+        self.0.insert(
+            field.name().to_owned(),
+            format!("{value:?}").trim_matches('"').to_owned(),
+        );
     }
     fn record_str(&mut self, field: &Field, value: &str) {
         self.0.insert(field.name().to_owned(), value.to_owned());
@@ -49,7 +52,9 @@ impl<S: TracingSubscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
         if msg.0.get("message").map(String::as_str) != Some("inside the handler") {
             return;
         }
-        let Some(scope) = ctx.event_scope(event) else { return };
+        let Some(scope) = ctx.event_scope(event) else {
+            return;
+        };
         for span in scope {
             if span.name() == "job"
                 && let Some(f) = span.extensions().get::<Fields>()
@@ -74,15 +79,27 @@ async fn render(_: &Render) -> HandlerOutcome {
 fn a_job_runs_in_a_span_that_carries_its_publishers_request_id_and_trace() {
     let capture = Capture::default();
     let subscriber = Registry::default().with(capture.clone());
-    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber of this test binary");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    tracing::subscriber::set_global_default(subscriber)
+        .expect("the only subscriber of this test binary");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
-        let service = Service::new(AppInfo::new("traced", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
-            b.include(Subscriber::new("jobs", render).kind("render_tickets"));
-        });
+        let service =
+            Service::new(AppInfo::new("traced", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
+                b.include(Subscriber::new("jobs", render).kind("render_tickets"));
+            });
         let app = TestApp::start(service).await.unwrap();
         let id = app
-            .publish(Job::new("jobs", &Render { order_id: 4471 }).unwrap().kind("render_tickets").request_id("7f3a9c2e").trace("4bf92f35"))
+            .publish(
+                Job::new("jobs", &Render { order_id: 4471 })
+                    .unwrap()
+                    .kind("render_tickets")
+                    .request_id("7f3a9c2e")
+                    .trace("4bf92f35"),
+            )
             .await
             .unwrap();
         app.drain().await;
