@@ -282,6 +282,11 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
 /// carry their publisher's "now", a few microseconds off this one's.
 const STATS_TOLERANCE: chrono::Duration = chrono::Duration::milliseconds(10);
 
+/// A row due "now" (a publish without a delay, a retry at once) is written as due a second
+/// earlier: another worker's clock, or a stats query that read its time just before the row
+/// was committed, never sees it as delayed. Rows due now keep their order among themselves.
+const BACKDATE: chrono::Duration = chrono::Duration::seconds(1);
+
 fn db_err(e: sqlx::Error) -> BrokerError {
     match e {
         sqlx::Error::Io(_)
@@ -393,7 +398,7 @@ macro_rules! impl_for {
                     Ok(Vals {
                         group: Some(queue.to_owned()),
                         payload: envelope.payload().to_vec(),
-                        due: Some(at.map_or(now, |a| a.max(now))),
+                        due: Some(at.map_or(now - BACKDATE, |a| a.max(now))),
                         enqueued_at: Some(envelope.enqueued_at()),
                         headers: Some(doc.to_json()),
                         job_id: Some(envelope.id().to_string()),
@@ -856,7 +861,11 @@ macro_rules! impl_broker {
                         let keep_place = stmts.table.fifo && delay.is_zero();
                         let stmt = if keep_place { &stmts.retry_keep_place } else { &stmts.retry };
                         let v = Vals {
-                            due: Some(now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX)),
+                            due: Some(if delay.is_zero() {
+                                now - BACKDATE
+                            } else {
+                                now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX)
+                            }),
                             error: Some(failure.error.clone()),
                             ..base()
                         };
