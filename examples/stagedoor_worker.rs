@@ -3,7 +3,7 @@
 //!
 //! `cargo run --example stagedoor_worker` with a Redis at `REDIS_URL` (default
 //! `redis://127.0.0.1:6379/`). Each run uses a namespace of its own and removes its keys at
-//! the end.
+//! the end (`STAGEDOOR_KEEP=1` keeps them, for a look with the `stagedoor-jobs` tool).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -233,7 +233,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
-    // Leave nothing behind.
+    // Leave nothing behind, unless asked to keep the keys for the command line tool:
+    // `STAGEDOOR_KEEP=1 cargo run --example stagedoor_worker`, then
+    // `stagedoor-jobs --url $REDIS_URL --namespace <printed namespace> queues`.
+    if std::env::var_os("STAGEDOOR_KEEP").is_some() {
+        println!("\nkept: namespace {namespace}");
+        return Ok(());
+    }
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{{{namespace}*"))
         .query_async(&mut conn)
