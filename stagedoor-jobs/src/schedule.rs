@@ -3,10 +3,18 @@
 //!
 //! A scheduler runs inside every worker and wakes every second. For each due tick of each
 //! schedule it takes a lock per schedule and tick in the broker (Redis `SET NX` with a token,
-//! SQL a unique row) and enqueues the job with an id derived from the schedule and the tick,
-//! so even a lock that expired early or a clock a few seconds off cannot enqueue a tick twice.
+//! SQL a unique row) and enqueues the job with an id derived from the schedule and the tick
+//! (`expire_holds@1764411360`), so a clock a few seconds off cannot enqueue a tick twice.
 //! Ticks missed while every worker was down are handled by the schedule's [`Missed`] policy.
+//! A tick the broker failed to enqueue (unreachable at 03:00) is tried again on every wake until
+//! it is enqueued; failed ticks that a newer tick overtakes are missed ticks, kept by
+//! [`Missed::RunAll`] only.
+//!
+//! The lock of a tick is kept for at least an hour (cron: 25 hours), and it is what stops a
+//! second enqueue: the derived job id stops one too while the first is still in the queue (a
+//! lock lost early, an eviction), but not once it has run.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -20,6 +28,12 @@ use crate::broker::{Problem, tick_job_id};
 use crate::clock::Clock;
 use crate::envelope::Job;
 use crate::runtime::ErasedRoute;
+
+/// The time zone database [`Schedule::in_tz`] reads, re-exported so that an application names
+/// its zones with the same version the scheduler uses: `schedule::chrono_tz::Europe::Prague`.
+pub use chrono_tz;
+/// A time zone for [`Schedule::in_tz`] (`chrono_tz::Europe::Prague`, or `"Europe/Prague".parse()`).
+pub use chrono_tz::Tz;
 
 /// What a schedule does about ticks that passed while no worker ran (every worker was down at
 /// 03:00). Each is logged as a warning.
@@ -145,8 +159,9 @@ impl Schedule {
         Self::cron(name, format!("{minute} {hour} * * *"))
     }
 
-    /// Reads the cron expression's times in `tz` (`chrono_tz::Europe::Prague`).
-    pub fn in_tz(mut self, tz: chrono_tz::Tz) -> Self {
+    /// Reads the cron expression's times in `tz` ([`chrono_tz::Europe::Prague`]). An every-N
+    /// schedule ticks on the epoch's grid whatever the zone.
+    pub fn in_tz(mut self, tz: Tz) -> Self {
         self.tz = tz;
         self
     }
@@ -217,6 +232,56 @@ impl Schedule {
         }
     }
 
+    /// The next tick strictly after `t` (a schedule whose expression would not move forward
+    /// stops, logged, rather than enqueue one tick forever).
+    fn tick_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let next = self.next_after(t)?;
+        if next > t {
+            Some(next)
+        } else {
+            tracing::error!(schedule = %self.name, %t, %next, "the schedule's next tick is not after its last: it stops");
+            None
+        }
+    }
+
+    /// The ticks after `last` and no later than `now`: how many, and the latest
+    /// [`MAX_BACKLOG`] of them, oldest first.
+    fn missed_between(
+        &self,
+        last: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> (u64, VecDeque<DateTime<Utc>>) {
+        let mut kept = VecDeque::new();
+        if let When::Every(period) = &self.when
+            && let Ok(p) = i64::try_from(period.as_millis())
+            && p > 0
+        {
+            // On the epoch's grid: counted, not walked.
+            let first = last.timestamp_millis().div_euclid(p) + 1;
+            let latest = now.timestamp_millis().div_euclid(p);
+            if latest < first {
+                return (0, kept);
+            }
+            let count = u64::try_from(latest - first + 1).unwrap_or(u64::MAX);
+            let from = first.max(latest - MAX_BACKLOG as i64 + 1);
+            kept.extend((from..=latest).filter_map(|n| DateTime::from_timestamp_millis(n * p)));
+            return (count, kept);
+        }
+        let mut count = 0;
+        let mut t = self.tick_after(last);
+        while let Some(tick) = t
+            && tick <= now
+        {
+            count += 1;
+            kept.push_back(tick);
+            if kept.len() > MAX_BACKLOG {
+                kept.pop_front();
+            }
+            t = self.tick_after(tick);
+        }
+        (count, kept)
+    }
+
     /// Problems that stop the service.
     pub(crate) fn problems(&self) -> Vec<Problem> {
         let who = format!("schedule `{}`", self.name);
@@ -227,6 +292,22 @@ impl Schedule {
                 message:
                     "a period of zero would tick forever: give it a period of a second or more"
                         .to_owned(),
+            }),
+            When::Every(d) if *d < Duration::from_secs(1) => out.push(Problem {
+                mount: who.clone(),
+                message: format!(
+                    "a period of {d:?} is under a second, but the scheduler wakes every second and a tick's job id is the schedule and its second (`{}@<unix seconds>`), so two ticks would share one: give it a period of a second or more",
+                    self.name
+                ),
+            }),
+            When::Cron {
+                text,
+                parsed: Some(_),
+            } if self.next_after(Utc::now()).is_none() => out.push(Problem {
+                mount: who.clone(),
+                message: format!(
+                    "the cron expression {text:?} never fires (no date matches it): check its day and month fields"
+                ),
             }),
             When::Cron { text, parsed: None } => {
                 let why = croner::Cron::from_str(text)
@@ -281,6 +362,16 @@ pub(crate) struct Progress {
     pub(crate) next_tick: Option<DateTime<Utc>>,
 }
 
+/// The most missed (or failed) ticks of one schedule kept to be enqueued.
+const MAX_BACKLOG: usize = 1_000;
+
+/// One schedule's state in the loop: its next tick, and the due ticks whose enqueue failed (the
+/// broker was unreachable), oldest first, retried on every wake.
+struct Pending {
+    next: Option<DateTime<Utc>>,
+    failed: VecDeque<DateTime<Utc>>,
+}
+
 /// The scheduler loop of one service.
 pub(crate) async fn run(
     bound: Vec<Bound>,
@@ -289,16 +380,22 @@ pub(crate) async fn run(
     progress: Arc<watch::Sender<Progress>>,
     token: String,
 ) {
-    let mut next: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(bound.len());
     let start = clock.now();
+    let mut pending: Vec<Pending> = Vec::with_capacity(bound.len());
     for b in &bound {
-        next.push(catch_up(b, start, &token).await);
+        let (missed, next) = catch_up(b, start).await;
+        let mut p = Pending {
+            next,
+            failed: VecDeque::new(),
+        };
+        enqueue_due(b, &mut p, missed, &token).await;
+        pending.push(p);
     }
-    publish_progress(&progress, start, &next);
+    publish_progress(&progress, start, &pending);
     let mut clock_rx = clock.subscribe();
     loop {
         let now = clock.now();
-        let soonest = next.iter().flatten().min().copied();
+        let soonest = pending.iter().filter_map(|p| p.next).min();
         let nap = soonest
             .map(|t| (t - now).to_std().unwrap_or(Duration::ZERO))
             .unwrap_or(Duration::from_secs(1))
@@ -319,90 +416,135 @@ pub(crate) async fn run(
             _ = stop.changed() => return,
         }
         let now = clock.now();
-        for (b, n) in bound.iter().zip(next.iter_mut()) {
-            while let Some(t) = *n
+        for (b, p) in bound.iter().zip(pending.iter_mut()) {
+            let mut due = Vec::new();
+            while let Some(t) = p.next
                 && t <= now
             {
-                enqueue(b, t, &token).await;
-                *n = b.schedule.next_after(t);
+                due.push(t);
+                p.next = b.schedule.tick_after(t);
             }
+            enqueue_due(b, p, due, &token).await;
         }
-        publish_progress(&progress, now, &next);
+        publish_progress(&progress, now, &pending);
     }
 }
 
-fn publish_progress(
-    progress: &watch::Sender<Progress>,
-    now: DateTime<Utc>,
-    next: &[Option<DateTime<Utc>>],
-) {
+/// Enqueues `due` (in order) after the ticks that failed before. Failed ticks that a newer tick
+/// has overtaken are missed ticks: the schedule's policy decides (`RunAll` keeps them, the
+/// others keep only the newest). A tick that fails now waits, with every tick after it, for
+/// the next wake.
+async fn enqueue_due(b: &Bound, p: &mut Pending, due: Vec<DateTime<Utc>>, token: &str) {
+    if due.is_empty() && p.failed.is_empty() {
+        return;
+    }
+    let s = &b.schedule;
+    let retried = p.failed.len();
+    if retried > 0 && !due.is_empty() && s.missed != Missed::RunAll {
+        tracing::warn!(
+            schedule = %s.name,
+            dropped = retried,
+            policy = ?s.missed,
+            "ticks not enqueued while the broker failed were overtaken by a newer tick: dropped"
+        );
+        p.failed.clear();
+    }
+    let mut queue: VecDeque<(DateTime<Utc>, bool)> =
+        p.failed.drain(..).map(|t| (t, true)).collect();
+    queue.extend(due.into_iter().map(|t| (t, false)));
+    while let Some((tick, retry)) = queue.pop_front() {
+        if let Enqueued::Failed = enqueue(b, tick, token, retry).await {
+            p.failed.push_back(tick);
+            p.failed.extend(queue.into_iter().map(|(t, _)| t));
+            while p.failed.len() > MAX_BACKLOG {
+                p.failed.pop_front();
+            }
+            return;
+        }
+    }
+}
+
+fn publish_progress(progress: &watch::Sender<Progress>, now: DateTime<Utc>, pending: &[Pending]) {
     progress.send_replace(Progress {
         caught_up_to: Some(now),
-        next_tick: next.iter().flatten().min().copied(),
+        next_tick: pending.iter().filter_map(|p| p.next).min(),
     });
 }
 
-/// Applies the missed-tick policy at start; returns the first tick to wait for.
-async fn catch_up(b: &Bound, now: DateTime<Utc>, token: &str) -> Option<DateTime<Utc>> {
+/// Applies the missed-tick policy at start: returns the missed ticks to enqueue (none, the
+/// latest, or up to the latest 1,000) and the first tick to wait for.
+async fn catch_up(b: &Bound, now: DateTime<Utc>) -> (Vec<DateTime<Utc>>, Option<DateTime<Utc>>) {
     let s = &b.schedule;
-    let last = match b.route.last_tick(&s.name).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(schedule = %s.name, error = %e, "cannot read the schedule's last tick: missed ticks are not caught up");
-            None
+    let next = s.tick_after(now);
+    // A broker that is briefly unreachable at start should not cost the catch-up.
+    let mut wait = Duration::from_millis(100);
+    let last = loop {
+        match b.route.last_tick(&s.name).await {
+            Ok(l) => break l,
+            Err(e) if wait < Duration::from_secs(1) => {
+                tracing::warn!(schedule = %s.name, error = %e, "cannot read the schedule's last tick; trying again in {wait:?}");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            Err(e) => {
+                tracing::warn!(schedule = %s.name, error = %e, "cannot read the schedule's last tick: missed ticks are not caught up");
+                break None;
+            }
         }
     };
-    if let Some(last) = last {
-        let mut missed = Vec::new();
-        let mut t = s.next_after(last);
-        while let Some(tick) = t
-            && tick <= now
-        {
-            missed.push(tick);
-            if missed.len() > 1_000 {
-                missed.remove(0);
-            }
-            t = s.next_after(tick);
-        }
-        if !missed.is_empty() {
-            tracing::warn!(
-                schedule = %s.name,
-                last = %last,
-                missed = missed.len(),
-                policy = ?s.missed,
-                "ticks were missed while no worker ran"
-            );
-            match s.missed {
-                Missed::Skip => {}
-                Missed::RunOnce => enqueue(b, *missed.last().expect("not empty"), token).await,
-                Missed::RunAll => {
-                    for tick in missed {
-                        enqueue(b, tick, token).await;
-                    }
-                }
-            }
-        }
+    let Some(last) = last else {
+        return (Vec::new(), next);
+    };
+    let (count, missed) = s.missed_between(last, now);
+    if count == 0 {
+        return (Vec::new(), next);
     }
-    s.next_after(now)
+    tracing::warn!(
+        schedule = %s.name,
+        last = %last,
+        missed = count,
+        policy = ?s.missed,
+        "ticks were missed while no worker ran"
+    );
+    let enqueue = match s.missed {
+        Missed::Skip => Vec::new(),
+        Missed::RunOnce => missed.back().copied().into_iter().collect(),
+        Missed::RunAll => missed.into_iter().collect(),
+    };
+    (enqueue, next)
 }
 
-/// Enqueues one tick unless another worker holds it.
-async fn enqueue(b: &Bound, tick: DateTime<Utc>, token: &str) {
+/// What became of one tick.
+enum Enqueued {
+    /// Enqueued here, or by another worker (its lock is taken), or never to be (its payload
+    /// does not encode).
+    Done,
+    /// The broker failed: try again.
+    Failed,
+}
+
+/// Enqueues one tick unless another worker holds it. `retry`: an earlier attempt of this worker
+/// failed, perhaps after the lock was taken, so a lock this worker holds is released first.
+async fn enqueue(b: &Bound, tick: DateTime<Utc>, token: &str, retry: bool) -> Enqueued {
     let s = &b.schedule;
     let key = format!("sched:{}:{}", s.name, tick.timestamp_millis());
+    if retry && let Err(e) = b.route.unlock(&key, token).await {
+        tracing::warn!(schedule = %s.name, %tick, error = %e, "cannot release the tick's lock: trying again later");
+        return Enqueued::Failed;
+    }
     match b.route.try_lock(&key, token, s.lock_ttl()).await {
         Ok(true) => {}
-        Ok(false) => return,
+        Ok(false) => return Enqueued::Done,
         Err(e) => {
-            tracing::warn!(schedule = %s.name, %tick, error = %e, "cannot take the tick's lock: not enqueued by this worker");
-            return;
+            tracing::warn!(schedule = %s.name, %tick, error = %e, "cannot take the tick's lock: trying again in a second");
+            return Enqueued::Failed;
         }
     }
     let payload = match (s.payload)(tick) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!(schedule = %s.name, %tick, error = %e, "the payload does not encode: tick not enqueued");
-            return;
+            return Enqueued::Done;
         }
     };
     let job = Job::from_bytes(s.queue_name(), payload)
@@ -414,10 +556,12 @@ async fn enqueue(b: &Bound, tick: DateTime<Utc>, token: &str) {
             if let Err(e) = b.route.mark_tick(&s.name, tick).await {
                 tracing::warn!(schedule = %s.name, error = %e, "cannot record the tick");
             }
+            Enqueued::Done
         }
         Err(e) => {
-            tracing::error!(schedule = %s.name, %tick, error = %e, "the tick could not be enqueued: released for another worker");
+            tracing::error!(schedule = %s.name, %tick, error = %e, "the tick could not be enqueued: trying again in a second");
             let _ = b.route.unlock(&key, token).await;
+            Enqueued::Failed
         }
     }
 }
@@ -495,5 +639,53 @@ mod tests {
                 .contains("period of zero")
         );
         assert!(Schedule::hourly("z").on("jobs").problems().is_empty());
+    }
+
+    #[test]
+    fn a_period_under_a_second_or_a_cron_that_never_fires_is_a_startup_problem() {
+        let p = Schedule::every("half", Duration::from_millis(500))
+            .on("q")
+            .problems();
+        assert!(
+            p.len() == 1 && p[0].message.contains("under a second"),
+            "{p:?}"
+        );
+        assert!(
+            Schedule::every("s", Duration::from_millis(1_500))
+                .on("q")
+                .problems()
+                .is_empty()
+        );
+        let p = Schedule::cron("feb30", "0 0 30 2 *").on("q").problems();
+        assert!(
+            p.len() == 1 && p[0].message.contains("never fires"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn missed_ticks_are_counted_all_and_kept_up_to_a_thousand() {
+        let every = Schedule::every("e", Duration::from_secs(1));
+        let (n, kept) =
+            every.missed_between(utc("2026-11-29T08:00:00Z"), utc("2026-11-29T10:00:00.5Z"));
+        assert_eq!(n, 7_200);
+        assert_eq!(kept.len(), 1_000);
+        assert_eq!(kept.front(), Some(&utc("2026-11-29T09:43:21Z")));
+        assert_eq!(kept.back(), Some(&utc("2026-11-29T10:00:00Z")));
+        let (n, kept) =
+            every.missed_between(utc("2026-11-29T10:00:00Z"), utc("2026-11-29T10:00:00.9Z"));
+        assert_eq!((n, kept.len()), (0, 0));
+        // Off the grid (the period changed): the grid's ticks after it.
+        let (n, kept) = Schedule::every("m", Duration::from_secs(60))
+            .missed_between(utc("2026-11-29T10:00:30Z"), utc("2026-11-29T10:03:00Z"));
+        assert_eq!(n, 3);
+        assert_eq!(kept.front(), Some(&utc("2026-11-29T10:01:00Z")));
+        // Cron ticks are walked: the same count and the same latest thousand.
+        let cron = Schedule::cron("c", "* * * * * *");
+        let (n, kept) =
+            cron.missed_between(utc("2026-11-29T08:00:00Z"), utc("2026-11-29T10:00:00.5Z"));
+        assert_eq!(n, 7_200);
+        assert_eq!(kept.len(), 1_000);
+        assert_eq!(kept.front(), Some(&utc("2026-11-29T09:43:21Z")));
     }
 }
