@@ -540,11 +540,25 @@ where
         .shared
         .bookkeeping
         .get_or_try_init(|| async {
-            sqlx::raw_sql(BOOKKEEPING)
-                .execute(pool)
-                .await
-                .map(|_| ())
-                .map_err(db_err)
+            // Postgres races concurrent `CREATE TABLE IF NOT EXISTS` of one table (workers
+            // starting together on a fresh database): the loser sees "already exists" or a
+            // duplicate catalog key, and the table is there once the winner commits.
+            let mut tries: u64 = 0;
+            loop {
+                match sqlx::raw_sql(BOOKKEEPING).execute(pool).await {
+                    Ok(_) => return Ok(()),
+                    Err(e)
+                        if tries < 5 && {
+                            let m = e.to_string();
+                            m.contains("already exists") || m.contains("duplicate key")
+                        } =>
+                    {
+                        tries += 1;
+                        tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+                    }
+                    Err(e) => return Err(db_err(e)),
+                }
+            }
         })
         .await?;
     Ok(())
