@@ -964,6 +964,16 @@ impl Broker for RedisBroker {
         pipe.cmd("XPENDING").arg(&keys.stream).arg(GROUP);
         pipe.cmd("ZCARD").arg(&keys.delayed);
         pipe.cmd("XINFO").arg("GROUPS").arg(&keys.stream);
+        // Deliveries idle past the lease: their worker is gone, and the next claim reclaims
+        // them, so they count as ready, not pending (bounded: at most 1,000 are counted).
+        pipe.cmd("XPENDING")
+            .arg(&keys.stream)
+            .arg(GROUP)
+            .arg("IDLE")
+            .arg(self.lease.as_millis() as u64)
+            .arg("-")
+            .arg("+")
+            .arg(1000);
         let replies: Vec<Value> = match pipe.query_async(&mut c).await {
             Ok(r) => r,
             // No stream yet (nothing published, no worker started): an empty queue.
@@ -995,6 +1005,7 @@ impl Broker for RedisBroker {
             .unwrap_or(0)
             .max(0) as u64;
         let delayed = replies.get(2).and_then(value::int).unwrap_or(0).max(0) as u64;
+        let expired = (replies.get(4).map_or(0, |v| value::array(v).len()) as u64).min(pending);
         // The oldest entry not yet delivered to the group is the first after its last-delivered id.
         let mut oldest = None;
         let last_delivered = replies.get(3).and_then(|groups| {
@@ -1027,8 +1038,8 @@ impl Broker for RedisBroker {
             }
         }
         Ok(QueueStats {
-            ready,
-            pending,
+            ready: ready + expired,
+            pending: pending - expired,
             delayed,
             oldest,
         })
