@@ -65,22 +65,7 @@ pub(crate) fn one_line(text: &str) -> String {
 }
 
 /// A URL with its password (or token) masked, for messages.
-pub(crate) fn mask(url: &str) -> String {
-    url.split(',')
-        .map(|u| match (u.find("://"), u.rfind('@')) {
-            (Some(s), Some(at)) if at > s => {
-                let creds = &u[s + 3..at];
-                match creds.find(':') {
-                    Some(c) => format!("{}{}:***{}", &u[..s + 3], &creds[..c], &u[at..]),
-                    None if u.starts_with("redis") => format!("{}***{}", &u[..s + 3], &u[at..]),
-                    None => u.to_owned(),
-                }
-            }
-            _ => u.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
+pub(crate) use stagedoor_jobs::broker::mask_url as mask;
 
 #[cfg(test)]
 mod tests {

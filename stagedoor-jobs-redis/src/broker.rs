@@ -84,12 +84,7 @@ impl fmt::Debug for RedisBroker {
     }
 }
 
-fn mask(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}***{}", &url[..s + 3], &url[at..]),
-        _ => url.to_owned(),
-    }
-}
+use stagedoor_jobs::broker::mask_url as mask;
 
 fn conn_err(e: redis::RedisError) -> BrokerError {
     if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
@@ -689,9 +684,7 @@ impl Broker for RedisBroker {
                 let due = if delay.is_zero() {
                     0
                 } else {
-                    ms(self.now()
-                        + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX))
-                    .max(1)
+                    ms(self.now() + stagedoor_jobs::broker::chrono_duration(delay)).max(1)
                 };
                 let n: i64 = scripts::RETRY
                     .key(&keys.stream)

@@ -59,20 +59,6 @@ impl<DB: Database> fmt::Debug for SqlxBroker<DB> {
     }
 }
 
-/// A URL with its password masked, for messages.
-pub(crate) fn mask_password(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
 impl<DB: Database> SqlxBroker<DB> {
     fn with_source(source: Source<DB>, url_for_messages: String) -> Self {
         Self {
@@ -95,7 +81,7 @@ impl<DB: Database> SqlxBroker<DB> {
     /// starts. No I/O happens here; a wrong URL is reported at start.
     pub fn from_url(url: impl Into<String>, options: PoolOptions<DB>) -> Self {
         let url = url.into();
-        let masked = mask_password(&url);
+        let masked = stagedoor_jobs::broker::mask_url(&url);
         Self::with_source(Source::Url(url, options), masked)
     }
 

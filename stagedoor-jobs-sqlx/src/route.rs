@@ -764,7 +764,7 @@ macro_rules! impl_broker {
                     let quiet = idle.is_some_and(|i| i.wakes == wakes && tokio::time::Instant::now() < i.until);
                     if !quiet {
                     let now = self.broker.now();
-                    let lease = now + chrono::Duration::from_std(self.broker.lease).unwrap_or(chrono::Duration::MAX);
+                    let lease = now + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
                     let v = Vals {
                         new_lease: Some(lease),
                         group: Some(queue.to_owned()),
@@ -848,7 +848,7 @@ macro_rules! impl_broker {
             async fn renew(&self, queue: &str, receipt: &SqlReceipt) -> Result<bool, BrokerError> {
                 let stmts = self.stmts_for(queue)?;
                 let old = *receipt.lease.lock().expect("lease lock");
-                let new = self.broker.now() + chrono::Duration::from_std(self.broker.lease).unwrap_or(chrono::Duration::MAX);
+                let new = self.broker.now() + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
                 let v = Vals { new_lease: Some(new), id: Some(receipt.id.clone()), lease: Some(old), ..Vals::default() };
                 let n = query(&stmts.renew, &v, &stmts.table).execute(self.pool()?).await.map_err(db_err)?.rows_affected();
                 if n == 1 {
@@ -878,7 +878,7 @@ macro_rules! impl_broker {
                             due: Some(if delay.is_zero() {
                                 now - BACKDATE
                             } else {
-                                now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX)
+                                now + stagedoor_jobs::broker::chrono_duration(delay)
                             }),
                             error: Some(failure.error.clone()),
                             ..base()
@@ -951,7 +951,7 @@ macro_rules! impl_broker {
                 let pool = self.pool()?;
                 ensure_bookkeeping(&self.broker, pool).await?;
                 let now = self.broker.now();
-                let until = now + chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::MAX);
+                let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
                 let n = sqlx::query("INSERT INTO stagedoor_locks (lock_key, token, until_at) VALUES ($1, $2, $3) ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token, until_at = excluded.until_at WHERE stagedoor_locks.until_at <= $4")
                     .bind(key)
                     .bind(token)

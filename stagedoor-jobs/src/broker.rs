@@ -340,7 +340,51 @@ pub trait Broker: Clone + Send + Sync + 'static {
     }
 }
 
+/// `url` with its password masked, for messages and logs: `postgres://app:***@db/app`,
+/// `redis://***@h/` for a token alone; several URLs separated by commas each masked.
+pub fn mask_url(url: &str) -> String {
+    url.split(',')
+        .map(|u| match (u.find("://"), u.rfind('@')) {
+            (Some(s), Some(at)) if at > s => {
+                let creds = &u[s + 3..at];
+                match creds.find(':') {
+                    Some(c) => format!("{}{}:***{}", &u[..s + 3], &creds[..c], &u[at..]),
+                    None if u.starts_with("redis") => format!("{}***{}", &u[..s + 3], &u[at..]),
+                    None => u.to_owned(),
+                }
+            }
+            _ => u.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A `std` duration as a `chrono` one, saturating (a delay too long for chrono is "never").
+pub fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
 /// A derived job id for a schedule tick, so a duplicate enqueue of the tick is recognised.
 pub fn tick_job_id(schedule: &str, tick: DateTime<Utc>) -> JobId {
     JobId::from_string(format!("{schedule}@{}", tick.timestamp()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_url;
+
+    #[test]
+    fn masks_passwords() {
+        assert_eq!(
+            mask_url("postgres://app:s3cret@db/app"),
+            "postgres://app:***@db/app"
+        );
+        assert_eq!(mask_url("redis://:pw@h:6379/"), "redis://:***@h:6379/");
+        assert_eq!(mask_url("redis://tok@h:6379/"), "redis://***@h:6379/");
+        assert_eq!(mask_url("sqlite://mail.db"), "sqlite://mail.db");
+        assert_eq!(
+            mask_url("redis://:a@h:1/,redis://:b@h:2/"),
+            "redis://:***@h:1/,redis://:***@h:2/"
+        );
+    }
 }

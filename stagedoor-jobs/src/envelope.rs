@@ -155,9 +155,7 @@ impl RunAt {
     pub fn resolve(self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         match self {
             RunAt::Now => None,
-            RunAt::After(d) => {
-                Some(now + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX))
-            }
+            RunAt::After(d) => Some(now + crate::broker::chrono_duration(d)),
             RunAt::At(t) => Some(t),
         }
     }

@@ -81,10 +81,6 @@ impl Default for MemoryBroker {
     }
 }
 
-fn chrono_d(d: Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-}
-
 impl MemoryBroker {
     /// A broker with a lease of 30 seconds.
     pub fn new() -> Self {
@@ -157,7 +153,7 @@ impl MemoryBroker {
                 token,
                 Running {
                     stored,
-                    lease_until: now + chrono_d(self.inner.lease),
+                    lease_until: now + crate::broker::chrono_duration(self.inner.lease),
                 },
             );
         }
@@ -272,7 +268,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn renew(&self, queue: &str, receipt: &MemoryReceipt) -> Result<bool, BrokerError> {
-        let until = self.now() + chrono_d(self.inner.lease);
+        let until = self.now() + crate::broker::chrono_duration(self.inner.lease);
         let mut mem = self.mem();
         let r = mem
             .queues
@@ -310,7 +306,8 @@ impl Broker for MemoryBroker {
                 }
                 Settlement::Retry { delay, .. } => {
                     *seq += 1;
-                    q.waiting.insert((now + chrono_d(delay), *seq), stored);
+                    q.waiting
+                        .insert((now + crate::broker::chrono_duration(delay), *seq), stored);
                 }
                 Settlement::DeadLetter { target, failure } => {
                     q.ids.remove(stored.envelope.id());
@@ -371,8 +368,10 @@ impl Broker for MemoryBroker {
             Some((_, until)) if *until > now => Ok(false),
             _ => {
                 mem.locks.retain(|_, (_, until)| *until > now);
-                mem.locks
-                    .insert(key.to_owned(), (token.to_owned(), now + chrono_d(ttl)));
+                mem.locks.insert(
+                    key.to_owned(),
+                    (token.to_owned(), now + crate::broker::chrono_duration(ttl)),
+                );
                 Ok(true)
             }
         }

@@ -29,6 +29,7 @@ pub enum OnDecodeError {
 pub const DEFAULT_CONCURRENCY: usize = 8;
 
 /// One mounted subscriber, as the runtime runs it.
+#[derive(Clone)]
 pub(crate) struct MountSpec {
     pub(crate) subscriber: String,
     pub(crate) queue: String,

@@ -181,7 +181,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                 .mounts
                 .iter()
                 .map(|m| MountRt {
-                    spec: m.clone_spec(),
+                    spec: m.clone(),
                     permits: Arc::new(Semaphore::new(m.concurrency.max(1))),
                 })
                 .collect();
@@ -287,23 +287,6 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
         sel: &'a DeadSelector,
     ) -> BoxFuture<'a, Result<u64, BrokerError>> {
         Box::pin(self.broker.purge(dead, sel))
-    }
-}
-
-impl MountSpec {
-    fn clone_spec(&self) -> MountSpec {
-        MountSpec {
-            subscriber: self.subscriber.clone(),
-            queue: self.queue.clone(),
-            kind: self.kind.clone(),
-            backend: self.backend,
-            handler: Arc::clone(&self.handler),
-            max_attempts: self.max_attempts,
-            dead_letter: self.dead_letter.clone(),
-            backoff: Arc::clone(&self.backoff),
-            concurrency: self.concurrency,
-            on_decode_error: self.on_decode_error,
-        }
     }
 }
 

@@ -316,8 +316,7 @@ impl TestApp {
             self.drain().await;
             return;
         }
-        let target =
-            self.clock.now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX);
+        let target = self.clock.now() + crate::broker::chrono_duration(d);
         loop {
             self.scheduler_caught_up().await;
             self.drain().await;
