@@ -81,7 +81,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     headers TEXT,
     last_error TEXT
 );
-CREATE INDEX IF NOT EXISTS jobs_due ON jobs (queue, retry_after);";
+CREATE INDEX IF NOT EXISTS jobs_due ON jobs (queue, retry_after, id);";
 
 pub(crate) const POSTGRES_DATA: &str = "
 CREATE TABLE IF NOT EXISTS seats (
@@ -117,7 +117,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     headers TEXT,
     last_error TEXT
 );
-CREATE INDEX IF NOT EXISTS jobs_due ON jobs (queue, retry_after);";
+CREATE INDEX IF NOT EXISTS jobs_due ON jobs (queue, retry_after, id);";
 
 /// One row of the `jobs` table: `queue` is the group a row waits in (`jobs`, `jobs.dead`), and
 /// `headers` carries each row's kind and job id, so the four kinds share the table.

@@ -23,7 +23,8 @@ const SQLITE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS mail_jobs (
     retry_after TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')),
     locked_until TEXT,
     payload BLOB NOT NULL
-)";
+);
+CREATE INDEX IF NOT EXISTS mail_jobs_due ON mail_jobs (name, retry_after, id);";
 
 const POSTGRES_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS mail_jobs (
     id BIGSERIAL PRIMARY KEY,
@@ -32,7 +33,8 @@ const POSTGRES_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS mail_jobs (
     retry_after TIMESTAMPTZ NOT NULL DEFAULT now(),
     locked_until TIMESTAMPTZ,
     payload BYTEA NOT NULL
-)";
+);
+CREATE INDEX IF NOT EXISTS mail_jobs_due ON mail_jobs (name, retry_after, id);";
 
 /// One row of `mail_jobs`; `name` is the queue the row waits in.
 #[derive(Inbox)]

@@ -1735,3 +1735,119 @@ on_both!(
     an_entry_delivered_max_deliveries_times_is_dead_lettered_without_running,
     claims_never_settled_end_in_the_dead_stream,
 );
+
+// ---------------------------------------------------------------------------------------------
+// Batches
+// ---------------------------------------------------------------------------------------------
+
+/// One `publish` of 1,200 jobs, more than one script call carries (so several calls in one
+/// transaction): every job arrives exactly once, those due now in the stream in the batch's
+/// order and the delayed ones in the delayed set. A job whose id was already in the queue and
+/// one repeated later in the batch (in another call's share, and delayed this time) are not
+/// added twice: the first of each stays as it was.
+async fn a_batch_of_many_calls_arrives_exactly_once(on: On) {
+    let fx = Fx::new(on).await;
+    let broker = fx.broker();
+    broker.connect().await.expect("connect");
+    broker.prepare(QUEUE).await.expect("prepare");
+    let payload = |n: i64| format!("{{\"n\":{n}}}").into_bytes();
+    let earlier = Envelope::new("send_email", payload(-1), Utc::now());
+    broker
+        .publish(QUEUE, vec![(earlier.clone(), None)])
+        .await
+        .expect("publish the earlier job");
+
+    let later = Utc::now() + chrono::Duration::hours(1);
+    let mut batch = Vec::new();
+    let (mut due_now, mut delayed) = (Vec::new(), HashSet::new());
+    for n in 0..1_200 {
+        let mut env = Envelope::new(KINDS[n % 4], payload(n as i64), Utc::now());
+        if n % 7 == 0 {
+            // Some jobs carry more fields than others.
+            env.headers_mut().request_id = Some(format!("req-{n}"));
+            env.headers_mut()
+                .extra
+                .insert("tenant".into(), format!("t{n}"));
+        }
+        if n % 3 == 0 {
+            delayed.insert(env.id().to_string());
+            batch.push((env, Some(later)));
+        } else {
+            due_now.push(env.id().to_string());
+            batch.push((env, None));
+        }
+    }
+    // Job 1 (due now, in the first call's share) again near the end, delayed and changed.
+    let first = batch[1].0.clone();
+    let repeat = Envelope::new("send_email", payload(-2), Utc::now()).with_id(first.id().clone());
+    batch.insert(1_100, (repeat, Some(later)));
+    // The earlier job again, in the middle.
+    let again = Envelope::new("send_email", payload(-3), Utc::now()).with_id(earlier.id().clone());
+    batch.insert(600, (again, None));
+    assert_eq!(batch.len(), 1_202);
+    broker
+        .publish(QUEUE, batch)
+        .await
+        .expect("publish the batch");
+
+    let entries = fx.xrange(&fx.key("")).await;
+    let ids: Vec<String> = entries
+        .iter()
+        .map(|(_, f)| field(f, "job_id").expect("a job_id").to_owned())
+        .collect();
+    let mut expected = vec![earlier.id().to_string()];
+    expected.extend(due_now.iter().cloned());
+    assert_eq!(
+        ids.len(),
+        expected.len(),
+        "every job due now once, the earlier one too"
+    );
+    assert!(ids == expected, "in the batch's order, each once");
+    let payload_of = |id: &str| {
+        let (_, f) = entries
+            .iter()
+            .find(|(_, f)| field(f, "job_id") == Some(id))
+            .expect("in the stream");
+        field(f, "payload").expect("a payload").to_owned()
+    };
+    assert_eq!(
+        payload_of(earlier.id().as_str()),
+        "{\"n\":-1}",
+        "not replaced"
+    );
+    assert_eq!(payload_of(first.id().as_str()), "{\"n\":1}", "not replaced");
+    let tagged = entries
+        .iter()
+        .find(|(_, f)| field(f, "payload") == Some("{\"n\":7}"))
+        .expect("job 7 due now");
+    assert_eq!(field(&tagged.1, "request_id"), Some("req-7"));
+    assert_eq!(field(&tagged.1, "h.tenant"), Some("t7"));
+
+    let waiting = fx.delayed().await;
+    let waiting_ids: Vec<String> = waiting
+        .iter()
+        .map(|(f, _)| field(f, "job_id").expect("a job_id").to_owned())
+        .collect();
+    assert_eq!(waiting_ids.len(), delayed.len(), "every delayed job once");
+    assert_eq!(waiting_ids.into_iter().collect::<HashSet<_>>(), delayed);
+    assert!(
+        waiting
+            .iter()
+            .all(|(_, score)| *score as i64 == later.timestamp_millis()),
+        "each scored by its due time"
+    );
+    let members: i64 = fx.q(cmd("SCARD").arg(fx.key(":ids"))).await;
+    assert_eq!(members, 1 + 1_200, "the ids of the queue, each once");
+}
+
+mod batches {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn standalone() {
+        super::a_batch_of_many_calls_arrives_exactly_once(super::On::Standalone).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn cluster() {
+        super::a_batch_of_many_calls_arrives_exactly_once(super::On::Cluster).await;
+    }
+}

@@ -98,6 +98,50 @@ fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
 
+/// Jobs per call of the publish script: each call is one step on the server, short enough
+/// (about a millisecond) not to hold up other clients for long.
+const PUBLISH_CHUNK: usize = 500;
+/// Arguments per call of the publish script, about (a call holds one job at least).
+const PUBLISH_CHUNK_BYTES: usize = 4 << 20;
+
+/// The publish script's calls for `jobs`: for each, the position of its first job and its
+/// ARGV (`job_id, due_ms, n` and `n` items per job, see [`scripts::PUBLISH`]). A call holds
+/// at most [`PUBLISH_CHUNK`] jobs and about [`PUBLISH_CHUNK_BYTES`].
+fn publish_chunks(
+    jobs: &[(Envelope, Option<DateTime<Utc>>)],
+    now: DateTime<Utc>,
+) -> Vec<(usize, Vec<Vec<u8>>)> {
+    let mut chunks = Vec::new();
+    let mut args = Vec::new();
+    let (mut first, mut count, mut bytes) = (0, 0, 0);
+    for (i, (envelope, at)) in jobs.iter().enumerate() {
+        if count == PUBLISH_CHUNK || (count > 0 && bytes >= PUBLISH_CHUNK_BYTES) {
+            chunks.push((first, std::mem::take(&mut args)));
+            (first, count, bytes) = (i, 0, 0);
+        }
+        let fields = entry::encode(envelope, 0);
+        let due = match at {
+            Some(t) if *t > now => ms(*t),
+            _ => 0,
+        };
+        let items = if due > 0 {
+            vec![entry::member(&fields)]
+        } else {
+            entry::flat(&fields)
+        };
+        bytes += items.iter().map(Vec::len).sum::<usize>();
+        args.push(envelope.id().as_str().as_bytes().to_vec());
+        args.push(due.to_string().into_bytes());
+        args.push(items.len().to_string().into_bytes());
+        args.extend(items);
+        count += 1;
+    }
+    if count > 0 {
+        chunks.push((first, args));
+    }
+    chunks
+}
+
 impl RedisBroker {
     fn with_target(target: Result<Target, String>, url_for_messages: String) -> Self {
         let consumer = format!(
@@ -738,32 +782,54 @@ impl Broker for RedisBroker {
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
     ) -> Result<(), BrokerError> {
-        let keys = self.keys(queue);
         let mut c = self.conn()?;
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        let keys = self.keys(queue);
         let now = self.now();
-        for (envelope, at) in &jobs {
-            let fields = entry::encode(envelope, 0);
-            let due = match at {
-                Some(t) if *t > now => ms(*t),
-                _ => 0,
-            };
-            let added: i64 = scripts::PUBLISH
-                .key(&keys.stream)
-                .key(&keys.delayed)
-                .key(&keys.ids)
-                .arg(envelope.id().as_str())
-                .arg(due)
-                .arg(if due > 0 {
-                    entry::member(&fields)
-                } else {
-                    Vec::new()
-                })
-                .arg(entry::flat(&fields))
-                .invoke_async(&mut c)
-                .await
-                .map_err(conn_err)?;
-            if added == 0 {
-                tracing::debug!(job_id = %envelope.id(), "already in the queue: not added twice");
+        let chunks = publish_chunks(&jobs, now);
+        let skipped: Vec<Vec<i64>> = if let [(_, args)] = chunks.as_slice() {
+            // One call: atomic by itself, one round trip once the script is loaded.
+            vec![
+                scripts::PUBLISH
+                    .key(&keys.stream)
+                    .key(&keys.delayed)
+                    .key(&keys.ids)
+                    .arg(args)
+                    .invoke_async(&mut c)
+                    .await
+                    .map_err(conn_err)?,
+            ]
+        } else {
+            // Several calls in one transaction (`MULTI` ... `EXEC`), sent in one round trip:
+            // the server runs them one after the other with nothing in between, or none if
+            // the connection fails before `EXEC` arrives. A call failing while it runs (a key
+            // of the wrong type) is not undone by `EXEC`, but it fails the publish. `EVAL`
+            // with the text rather than `EVALSHA`: a script missing from the cache inside
+            // `EXEC` could not be loaded and retried. A retry of the whole batch after an
+            // error is safe: ids already in the queue are not added twice.
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for (_, args) in &chunks {
+                pipe.cmd("EVAL")
+                    .arg(scripts::PUBLISH_BODY)
+                    .arg(3)
+                    .arg(&keys.stream)
+                    .arg(&keys.delayed)
+                    .arg(&keys.ids)
+                    .arg(args);
+            }
+            pipe.query_async(&mut c).await.map_err(conn_err)?
+        };
+        for ((first, _), positions) in chunks.iter().zip(&skipped) {
+            for p in positions {
+                let job = usize::try_from(*p - 1)
+                    .ok()
+                    .and_then(|p| jobs.get(first + p));
+                if let Some((envelope, _)) = job {
+                    tracing::debug!(job_id = %envelope.id(), "already in the queue: not added twice");
+                }
             }
         }
         if jobs.iter().any(|(_, at)| at.is_some_and(|t| t > now)) {
@@ -1118,5 +1184,71 @@ impl Broker for RedisBroker {
             .parse::<f64>()
             .ok()?;
         DateTime::<Utc>::from_timestamp_millis(score as i64)
+    }
+}
+
+#[cfg(test)]
+mod publish_chunks_tests {
+    use super::*;
+
+    fn job(payload: usize, at: Option<DateTime<Utc>>) -> (Envelope, Option<DateTime<Utc>>) {
+        (Envelope::new("k", vec![b'x'; payload], Utc::now()), at)
+    }
+
+    /// Walks one call's ARGV as the script does: the number of jobs in it.
+    fn jobs_in(args: &[Vec<u8>]) -> usize {
+        let (mut i, mut k) = (0, 0);
+        while i < args.len() {
+            let n: usize = std::str::from_utf8(&args[i + 2]).unwrap().parse().unwrap();
+            i += 3 + n;
+            k += 1;
+        }
+        assert_eq!(i, args.len(), "the groups end with the ARGV");
+        k
+    }
+
+    #[test]
+    fn calls_hold_at_most_a_chunk_of_jobs() {
+        let now = Utc::now();
+        let at = now + chrono::Duration::minutes(1);
+        let later = Some(at);
+        let jobs: Vec<_> = (0..1_201)
+            .map(|n| job(10, if n % 2 == 0 { later } else { None }))
+            .collect();
+        let chunks = publish_chunks(&jobs, now);
+        let firsts: Vec<usize> = chunks.iter().map(|(f, _)| *f).collect();
+        assert_eq!(firsts, [0, 500, 1_000]);
+        let sizes: Vec<usize> = chunks.iter().map(|(_, a)| jobs_in(a)).collect();
+        assert_eq!(sizes, [500, 500, 201]);
+        // A delayed job carries its member, one due now its fields.
+        let a = &chunks[0].1;
+        assert_eq!(a[0], jobs[0].0.id().as_str().as_bytes());
+        assert_eq!(a[1], ms(at).to_string().into_bytes());
+        assert_eq!(a[2], b"1");
+        assert_eq!(a[4], jobs[1].0.id().as_str().as_bytes());
+        assert_eq!(a[5], b"0");
+        assert_eq!(a[6], b"10");
+        assert_eq!(a[7], b"kind");
+        assert!(publish_chunks(&[], now).is_empty());
+    }
+
+    #[test]
+    fn calls_hold_about_a_chunk_of_bytes() {
+        let big = PUBLISH_CHUNK_BYTES / 2 + 1;
+        let jobs = vec![
+            job(big, None),
+            job(big, None),
+            job(big, None),
+            job(10, None),
+        ];
+        let chunks = publish_chunks(&jobs, Utc::now());
+        let firsts: Vec<usize> = chunks.iter().map(|(f, _)| *f).collect();
+        assert_eq!(firsts, [0, 2]);
+        let huge = vec![job(2 * PUBLISH_CHUNK_BYTES, None)];
+        assert_eq!(
+            publish_chunks(&huge, Utc::now()).len(),
+            1,
+            "one job at least"
+        );
     }
 }

@@ -80,21 +80,34 @@ return 1
     )
 });
 
-/// KEYS: stream, delayed, ids. ARGV: job_id, due_ms ('0': now), member, fields...
-/// Returns 0 when a job of that id is already in the queue.
-pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('SADD', KEYS[3], ARGV[1]) == 0 then return 0 end
-if ARGV[2] == '0' then
-  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 4))
-else
-  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+/// KEYS: stream, delayed, ids. ARGV: one group per job, `job_id, due_ms ('0': now), n` then
+/// `n` items: the job's flat fields when it is due now, its delayed-set member when it is not.
+/// Publishes every job of the call in one step; a job whose id is already in the queue (or
+/// earlier in the call) is not added again. Returns the 1-based positions of those skipped.
+/// The loop walks ARGV a job at a time (the broker bounds how many jobs one call carries) and
+/// unpacks only one job's fields at a time, never the whole ARGV.
+pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| Script::new(PUBLISH_BODY));
+
+/// [`PUBLISH`]'s text, for `EVAL` inside a transaction (where a missing script could not be
+/// loaded and retried the way `invoke_async` does).
+pub(crate) const PUBLISH_BODY: &str = r"
+local skipped = {}
+local last = #ARGV
+local i, k = 1, 0
+while i <= last do
+  k = k + 1
+  local n = tonumber(ARGV[i + 2])
+  if redis.call('SADD', KEYS[3], ARGV[i]) == 0 then
+    skipped[#skipped + 1] = k
+  elseif ARGV[i + 1] == '0' then
+    redis.call('XADD', KEYS[1], '*', unpack(ARGV, i + 3, i + 2 + n))
+  else
+    redis.call('ZADD', KEYS[2], ARGV[i + 1], ARGV[i + 3])
+  end
+  i = i + 3 + n
 end
-return 1
-",
-    )
-});
+return skipped
+";
 
 /// KEYS: delayed, stream. ARGV: now_ms, batch. Moves up to `batch` due jobs to the stream,
 /// each add and remove together. Returns {moved, next due score or false}.

@@ -10,6 +10,20 @@
 //! - `retry_after` hides a row until it is due; dead letters move to a group of the same table
 //!   (`emails.dead`) or, for a table without a group column, to a table with the same columns.
 //! - Postgres workers wake on `LISTEN/NOTIFY`; SQLite polls.
+//! - Acknowledged rows are deleted in batches (whatever settled while the previous delete ran,
+//!   up to 256 rows, each still fenced on its lease); a batch publish is multi-row `INSERT`s in
+//!   one transaction.
+//! - SQLite runs in WAL mode with `synchronous = NORMAL` (a commit survives the process
+//!   crashing; a power loss may roll back the last commits, never corrupts). For `FULL`, pass
+//!   your own pool ([`SqlxBroker::new`]).
+//!
+//! # The index a job table needs
+//! The claim reads due rows of a group in `(retry_after, id)` order. Give the table the index
+//! that serves it, or every claim sorts the whole backlog:
+//!
+//! ```sql
+//! CREATE INDEX mail_jobs_due ON mail_jobs (name, retry_after, id); -- (group, due, id)
+//! ```
 //!
 //! ```no_run
 //! # use stagedoor_jobs_sqlx::{SqlxBroker, InboxQueue};

@@ -108,7 +108,55 @@ struct Idle {
     wakes: u64,
 }
 
+/// A settled delivery's row to delete, waiting for the route's next batched delete.
+pub(crate) struct AckReq {
+    id: IdValue,
+    lease: DateTime<Utc>,
+    reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
+}
+
+/// Most acknowledgements one delete carries.
+const ACK_BATCH: usize = 256;
+
+/// The batch sizes statements are built for: powers of two, so that a connection's statement
+/// cache holds them all.
+fn bucket(n: usize) -> usize {
+    n.next_power_of_two().min(ACK_BATCH)
+}
+
+/// `n` rows as chunks whose sizes are powers of two of at most `MAX_ROWS` (few distinct
+/// statements, each prepared once per connection).
+fn chunks(n: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut left = n;
+    while left > 0 {
+        let c = (1usize << left.ilog2()).min(crate::sql::MAX_ROWS);
+        out.push(c);
+        left -= c;
+    }
+    out
+}
+
+/// The same error again, for every request of a failed batch.
+fn same_err(e: &BrokerError) -> BrokerError {
+    match e {
+        BrokerError::Connection(s) => BrokerError::Connection(s.clone()),
+        other => BrokerError::Backend(other.to_string()),
+    }
+}
+
+impl IdValue {
+    fn text(&self) -> String {
+        match self {
+            IdValue::Int(i) => i.to_string(),
+            IdValue::Text(s) => s.clone(),
+        }
+    }
+}
+
 struct RouteInner {
+    /// The batched deletes of acknowledged rows (started at the first acknowledgement).
+    acks: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<AckReq>>,
     table: Table,
     idle: Mutex<HashMap<String, Idle>>,
     stmts: Result<Arc<Statements>, Vec<String>>,
@@ -164,6 +212,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             broker,
             default_group: Arc::from(group),
             inner: Arc::new(RouteInner {
+                acks: std::sync::OnceLock::new(),
                 table,
                 idle: Mutex::new(HashMap::new()),
                 stmts,
@@ -307,30 +356,81 @@ macro_rules! impl_for {
             pub(crate) fn query(stmt: &Stmt, v: &Vals, table: &Table) -> Q {
                 let mut q: Q = sqlx::query(AssertSqlSafe(stmt.sql.clone()));
                 for p in &stmt.params {
-                    q = match p {
-                        P::Id => match &v.id {
-                            Some(IdValue::Int(i)) => q.bind(*i),
-                            Some(IdValue::Text(s)) => q.bind(s.clone()),
-                            None => q.bind(None::<String>),
-                        },
-                        P::Lease => q.bind(v.lease),
-                        P::NewLease => q.bind(v.new_lease),
-                        P::Group => q.bind(v.group.clone()),
-                        P::Target => q.bind(v.target.clone()),
-                        P::Now => q.bind(v.now),
-                        P::Due => q.bind(v.due),
-                        P::Limit => q.bind(v.limit),
-                        P::Error => q.bind(v.error.clone()),
-                        P::Headers => q.bind(v.headers.clone()),
-                        P::Payload => match table.payload.ty {
-                            ColumnType::Bytes => q.bind(v.payload.clone()),
-                            _ => q.bind(String::from_utf8_lossy(&v.payload).into_owned()),
-                        },
-                        P::EnqueuedAt => q.bind(v.enqueued_at),
-                        P::JobId => q.bind(v.job_id.clone()),
-                    };
+                    q = bind(q, *p, v, table);
                 }
                 q
+            }
+
+            /// A multi-row statement: `template`'s values for each of `rows`, in order (`None`
+            /// entries are literals, nothing to bind).
+            pub(crate) fn query_rows(sql: String, template: &[Option<P>], rows: &[Vals], table: &Table) -> Q {
+                let mut q: Q = sqlx::query(AssertSqlSafe(sql));
+                for v in rows {
+                    for p in template.iter().flatten() {
+                        q = bind(q, *p, v, table);
+                    }
+                }
+                q
+            }
+
+            /// Deletes acknowledged rows in batches: whatever queued while the previous delete
+            /// ran goes in the next one (one statement and one commit for many jobs). Each row
+            /// stays fenced on its lease; a row whose lease was lost is reported as such.
+            pub(crate) async fn ack_loop(pool: sqlx::Pool<$db>, stmts: Arc<Statements>, mut rx: tokio::sync::mpsc::UnboundedReceiver<AckReq>) {
+                let mut batch = Vec::with_capacity(ACK_BATCH);
+                while rx.recv_many(&mut batch, ACK_BATCH).await > 0 {
+                    let n = bucket(batch.len());
+                    let mut q: Q = sqlx::query(AssertSqlSafe(stmts.delete_many(n)));
+                    for i in 0..n {
+                        // Padding repeats the last row: a duplicate term deletes nothing more.
+                        let r = &batch[i.min(batch.len() - 1)];
+                        q = match &r.id {
+                            IdValue::Int(v) => q.bind(*v),
+                            IdValue::Text(v) => q.bind(v.clone()),
+                        };
+                        q = q.bind(r.lease);
+                    }
+                    match q.fetch_all(&pool).await {
+                        Ok(rows) => {
+                            let gone: std::collections::HashSet<String> =
+                                rows.iter().filter_map(|row| row.try_get::<String, _>(0).ok()).collect();
+                            for r in batch.drain(..) {
+                                let _ = r.reply.send(Ok(gone.contains(&r.id.text())));
+                            }
+                        }
+                        Err(e) => {
+                            let e = db_err(e);
+                            for r in batch.drain(..) {
+                                let _ = r.reply.send(Err(same_err(&e)));
+                            }
+                        }
+                    }
+                }
+            }
+
+            fn bind(q: Q, p: P, v: &Vals, table: &Table) -> Q {
+                match p {
+                    P::Id => match &v.id {
+                        Some(IdValue::Int(i)) => q.bind(*i),
+                        Some(IdValue::Text(s)) => q.bind(s.clone()),
+                        None => q.bind(None::<String>),
+                    },
+                    P::Lease => q.bind(v.lease),
+                    P::NewLease => q.bind(v.new_lease),
+                    P::Group => q.bind(v.group.clone()),
+                    P::Target => q.bind(v.target.clone()),
+                    P::Now => q.bind(v.now),
+                    P::Due => q.bind(v.due),
+                    P::Limit => q.bind(v.limit),
+                    P::Error => q.bind(v.error.clone()),
+                    P::Headers => q.bind(v.headers.clone()),
+                    P::Payload => match table.payload.ty {
+                        ColumnType::Bytes => q.bind(v.payload.clone()),
+                        _ => q.bind(String::from_utf8_lossy(&v.payload).into_owned()),
+                    },
+                    P::EnqueuedAt => q.bind(v.enqueued_at),
+                    P::JobId => q.bind(v.job_id.clone()),
+                }
             }
 
             pub(crate) fn read(row: &<$db as Database>::Row, table: &Table) -> Result<RowRead, sqlx::Error> {
@@ -352,6 +452,27 @@ macro_rules! impl_for {
             impl<Row: Inbox> SqlxRoute<$db, Row> {
                 pub(crate) fn pool(&self) -> Result<&sqlx::Pool<$db>, BrokerError> {
                     self.broker.connected_pool()
+                }
+
+                /// Deletes an acknowledged row in the route's next batched delete; `true` when
+                /// the row was still leased to this delivery.
+                pub(crate) async fn ack_batched(&self, id: IdValue, lease: DateTime<Utc>) -> Result<bool, BrokerError> {
+                    let tx = match self.inner.acks.get() {
+                        Some(tx) => tx,
+                        None => {
+                            let pool = self.pool()?.clone();
+                            let stmts = Arc::clone(self.stmts()?);
+                            self.inner.acks.get_or_init(|| {
+                                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                                tokio::spawn(ack_loop(pool, stmts, rx));
+                                tx
+                            })
+                        }
+                    };
+                    let (reply, answer) = tokio::sync::oneshot::channel();
+                    let stopped = || BrokerError::Connection("the route's acknowledgement task stopped".to_owned());
+                    tx.send(AckReq { id, lease, reply }).map_err(|_| stopped())?;
+                    answer.await.map_err(|_| stopped())?
                 }
 
                 pub(crate) async fn exec(&self, stmt: &Stmt, v: &Vals) -> Result<u64, BrokerError> {
@@ -464,6 +585,7 @@ impl<Row: Inbox> SqlxRoute<sqlx::Sqlite, Row> {
                             )))?
                             .create_if_missing(true)
                             .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
                             .busy_timeout(Duration::from_secs(10));
                         options.connect_with(opts).await.map_err(|e| BrokerError::Connection(format!(
                             "cannot open the SQLite database `{}`: {e}: check the path and that its folder exists",
@@ -865,6 +987,9 @@ macro_rules! impl_broker {
                 let base = || Vals { id: Some(receipt.id.clone()), lease: Some(lease), now: Some(now), ..Vals::default() };
                 let pool = self.pool()?;
                 let n = match settlement {
+                    Settlement::Ack | Settlement::Drop if Arc::ptr_eq(&stmts, self.stmts()?) => {
+                        u64::from(self.ack_batched(receipt.id.clone(), lease).await?)
+                    }
                     Settlement::Ack | Settlement::Drop => {
                         query(&stmts.delete_fenced, &base(), &stmts.table).execute(pool).await.map_err(db_err)?.rows_affected()
                     }
@@ -936,9 +1061,14 @@ macro_rules! impl_broker {
                     // One job: one statement (its NOTIFY included on Postgres).
                     $module::query(&stmts.insert_notify, v, self.table()).execute(self.pool()?).await.map_err(db_err)?;
                 } else {
+                    // Multi-row inserts of up to MAX_ROWS rows, all in one transaction.
                     let mut tx = self.pool()?.begin().await.map_err(db_err)?;
-                    for v in &vals {
-                        $module::query(&stmts.insert, v, self.table()).execute(&mut *tx).await.map_err(db_err)?;
+                    let mut rest = &vals[..];
+                    for n in chunks(vals.len()) {
+                        let (chunk, more) = rest.split_at(n);
+                        rest = more;
+                        let (sql, template) = stmts.insert_many(n);
+                        $module::query_rows(sql, template, chunk, self.table()).execute(&mut *tx).await.map_err(db_err)?;
                     }
                     self.notify_in(&mut tx, queue).await?;
                     tx.commit().await.map_err(db_err)?;

@@ -101,6 +101,23 @@ pub(crate) struct Statements {
     pub(crate) clear_lease: Stmt,
     /// A row moved into a dead-letter table: no lease, its error; its attempt kept.
     pub(crate) mark_dead: Stmt,
+    /// The insert's columns, its value per column (`None`: the literal `1`), its conflict clause.
+    insert_cols: String,
+    insert_row: Vec<Option<P>>,
+    insert_conflict: &'static str,
+    id_col: String,
+    locked_col: String,
+}
+
+/// Most rows one multi-row statement carries (SQLite binds at most 32,766 values).
+pub(crate) const MAX_ROWS: usize = 512;
+
+fn insert_conflict(table: &Table) -> &'static str {
+    if table.id.generated {
+        ""
+    } else {
+        " ON CONFLICT DO NOTHING"
+    }
 }
 
 /// Validates a table's names and roles; every problem, each naming the fix.
@@ -283,6 +300,8 @@ impl Statements {
         }
 
         let mut insert = Stmt::default();
+        let mut insert_row = Vec::new();
+        let insert_cols;
         {
             let s = &mut insert;
             let mut cols = Vec::new();
@@ -291,6 +310,7 @@ impl Statements {
                 if let Some(c) = c {
                     cols.push(q(c.name));
                     vals.push(s.p(p));
+                    insert_row.push(Some(p));
                 }
             };
             put(table.group, P::Group, s);
@@ -302,17 +322,15 @@ impl Statements {
             if let Some(a) = table.attempt.filter(|a| !a.generated) {
                 cols.push(q(a.name));
                 vals.push("1".to_owned());
+                insert_row.push(None);
             }
-            let conflict = if table.id.generated {
-                ""
-            } else {
-                " ON CONFLICT DO NOTHING"
-            };
             s.sql = format!(
-                "INSERT INTO {t} ({}) VALUES ({}){conflict}",
+                "INSERT INTO {t} ({}) VALUES ({}){}",
                 cols.join(", "),
-                vals.join(", ")
+                vals.join(", "),
+                insert_conflict(&table)
             );
+            insert_cols = cols.join(", ");
         }
 
         let insert_notify = match flavor {
@@ -463,7 +481,56 @@ impl Statements {
             delete_by_id,
             clear_lease,
             mark_dead,
+            insert_cols,
+            insert_row,
+            insert_conflict: insert_conflict(&table),
+            id_col: id,
+            locked_col: locked,
         }
+    }
+
+    /// An insert of `n` rows (at most [`MAX_ROWS`]) in one statement, and the value of each
+    /// placeholder in order: bind row 1's values, then row 2's, ...
+    pub(crate) fn insert_many(&self, n: usize) -> (String, &[Option<P>]) {
+        let mut k = 0;
+        let tuples: Vec<String> = (0..n)
+            .map(|_| {
+                let vals: Vec<String> = self
+                    .insert_row
+                    .iter()
+                    .map(|p| match p {
+                        Some(_) => {
+                            k += 1;
+                            format!("${k}")
+                        }
+                        None => "1".to_owned(),
+                    })
+                    .collect();
+                format!("({})", vals.join(", "))
+            })
+            .collect();
+        let sql = format!(
+            "INSERT INTO {} ({}) VALUES {}{}",
+            self.qualified,
+            self.insert_cols,
+            tuples.join(", "),
+            self.insert_conflict
+        );
+        (sql, &self.insert_row)
+    }
+
+    /// A fenced delete of `n` rows (at most [`MAX_ROWS`]): binds id and lease of each, in
+    /// order; returns the id (as text) of every row it deleted.
+    pub(crate) fn delete_many(&self, n: usize) -> String {
+        let (id, locked) = (&self.id_col, &self.locked_col);
+        let conds: Vec<String> = (0..n)
+            .map(|i| format!("({id} = ${} AND {locked} = ${})", 2 * i + 1, 2 * i + 2))
+            .collect();
+        format!(
+            "DELETE FROM {} WHERE {} RETURNING CAST({id} AS TEXT)",
+            self.qualified,
+            conds.join(" OR ")
+        )
     }
 
     /// The same statements against another table with the same columns (a dead-letter table).

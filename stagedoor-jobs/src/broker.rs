@@ -369,6 +369,67 @@ pub fn tick_job_id(schedule: &str, tick: DateTime<Utc>) -> JobId {
     JobId::from_string(format!("{schedule}@{}", tick.timestamp()))
 }
 
+/// Jobs of one queue for [`Broker::publish`]: each envelope with its due time.
+type Batch = Vec<(Envelope, Option<DateTime<Utc>>)>;
+
+/// Publishing straight through a broker, for producers that run no service: connect it
+/// ([`Broker::connect`]), then publish [`Job`](crate::Job)s one at a time or in batches.
+///
+/// ```no_run
+/// # async fn f(broker: stagedoor_jobs::MemoryBroker) -> Result<(), Box<dyn std::error::Error>> {
+/// use stagedoor_jobs::broker::{Broker, Publish};
+/// use stagedoor_jobs::Job;
+/// broker.connect().await?;
+/// let jobs = (0..1000).map(|n| Job::new("emails", &n)).collect::<Result<Vec<_>, _>>()?;
+/// let ids = broker.publish_jobs(jobs).await?; // one round trip per queue
+/// # Ok(()) }
+/// ```
+pub trait Publish: Broker {
+    /// Publishes one job now, at its time or after its delay; returns its id.
+    fn publish_job(
+        &self,
+        job: crate::Job,
+    ) -> impl Future<Output = Result<JobId, BrokerError>> + Send {
+        async move {
+            let (queue, envelope, at) = job.into_parts(self.clock().now());
+            let id = envelope.id().clone();
+            self.publish(&queue, vec![(envelope, at)]).await?;
+            Ok(id)
+        }
+    }
+
+    /// Publishes jobs in one [`publish`](Broker::publish) call per queue (the jobs of a queue
+    /// land all or none); returns their ids in order. Jobs of several queues are grouped by
+    /// queue, in order of first appearance.
+    fn publish_jobs<I>(
+        &self,
+        jobs: I,
+    ) -> impl Future<Output = Result<Vec<JobId>, BrokerError>> + Send
+    where
+        I: IntoIterator<Item = crate::Job>,
+    {
+        let now = self.clock().now();
+        let mut ids = Vec::new();
+        let mut by_queue: Vec<(String, Batch)> = Vec::new();
+        for job in jobs {
+            let (queue, envelope, at) = job.into_parts(now);
+            ids.push(envelope.id().clone());
+            match by_queue.iter_mut().find(|(q, _)| *q == queue) {
+                Some((_, batch)) => batch.push((envelope, at)),
+                None => by_queue.push((queue, vec![(envelope, at)])),
+            }
+        }
+        async move {
+            for (queue, batch) in by_queue {
+                self.publish(&queue, batch).await?;
+            }
+            Ok(ids)
+        }
+    }
+}
+
+impl<B: Broker> Publish for B {}
+
 #[cfg(test)]
 mod tests {
     use super::mask_url;

@@ -66,7 +66,9 @@ pub mod memory;
 pub mod testing;
 
 pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate};
-pub use broker::{Broker, BrokerError, DeadLetter, DeadSelector, QueueStats, ReplayReport};
+pub use broker::{
+    Broker, BrokerError, DeadLetter, DeadSelector, Publish, QueueStats, ReplayReport,
+};
 pub use clock::Clock;
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt};
 pub use extract::{Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};

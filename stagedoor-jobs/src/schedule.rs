@@ -357,6 +357,7 @@ pub(crate) struct Bound {
 /// The scheduler's progress, for the test harness: the clock time it has caught up to, and its
 /// next tick.
 #[derive(Clone, Debug, Default)]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub(crate) struct Progress {
     pub(crate) caught_up_to: Option<DateTime<Utc>>,
     pub(crate) next_tick: Option<DateTime<Utc>>,

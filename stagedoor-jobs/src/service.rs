@@ -439,6 +439,7 @@ async fn shutdown_signal() {
 }
 
 /// A started service. [`shutdown`](Running::shutdown) stops it gracefully.
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub struct Running {
     app: AppInfo,
     stop: watch::Sender<bool>,

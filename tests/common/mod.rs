@@ -82,7 +82,7 @@ pub(crate) const SQLITE_CONF_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS conf_job
     last_error TEXT,
     headers TEXT
 );
-CREATE INDEX IF NOT EXISTS conf_jobs_due ON conf_jobs (queue, retry_after);";
+CREATE INDEX IF NOT EXISTS conf_jobs_due ON conf_jobs (queue, retry_after, id);";
 
 pub(crate) const PG_CONF_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS conf_jobs (
     id TEXT PRIMARY KEY,
@@ -95,7 +95,7 @@ pub(crate) const PG_CONF_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS conf_jobs (
     last_error TEXT,
     headers TEXT
 );
-CREATE INDEX IF NOT EXISTS conf_jobs_due ON conf_jobs (queue, retry_after);";
+CREATE INDEX IF NOT EXISTS conf_jobs_due ON conf_jobs (queue, retry_after, id);";
 
 /// A fresh SQLite database file in the temp folder, its URL.
 pub(crate) fn fresh_sqlite_url(tag: &str) -> String {
