@@ -1,0 +1,138 @@
+//! The tables and the JSON.
+
+use std::collections::BTreeMap;
+
+use comfy_table::{Cell, CellAlignment, Table, presets::ASCII_MARKDOWN};
+use serde::Serialize;
+
+use crate::common::Backend;
+use crate::scenarios::{Figures, Scenario, Sizes};
+use crate::systems::System;
+
+/// One measurement, as written to the JSON.
+#[derive(Debug, Clone, Serialize)]
+pub struct Measurement {
+    /// Scenario.
+    pub scenario: Scenario,
+    /// System.
+    pub system: System,
+    /// Backend.
+    pub backend: Backend,
+    /// Which repetition (0-based).
+    pub repeat: usize,
+    /// The figures.
+    pub figures: Figures,
+}
+
+/// The whole run, as written to the JSON.
+#[derive(Debug, Serialize)]
+pub struct Run {
+    /// When it started (RFC 3339).
+    pub started: String,
+    /// The machine (`uname`, cores, memory).
+    pub machine: String,
+    /// `quick` or `full`.
+    pub mode: String,
+    /// Sizes.
+    pub sizes: Sizes,
+    /// Every measurement.
+    pub measurements: Vec<Measurement>,
+    /// Seconds the run took.
+    pub seconds: f64,
+}
+
+/// Median, min and max.
+fn spread(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    (median, v[0], v[n - 1])
+}
+
+fn fmt(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        let s = format!("{:.0}", v);
+        // Thousands separators.
+        let (sign, digits) = s.strip_prefix('-').map_or(("", s.as_str()), |d| ("-", d));
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        format!("{sign}{out}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// The median of `metric` for each (system, backend) of `scenario`.
+pub fn medians(ms: &[Measurement], scenario: Scenario, metric: &str) -> BTreeMap<(Backend, System), f64> {
+    let mut by: BTreeMap<(Backend, System), Vec<f64>> = BTreeMap::new();
+    for m in ms.iter().filter(|m| m.scenario == scenario) {
+        if let Some(v) = m.figures.values.get(metric) {
+            by.entry((m.backend, m.system)).or_default().push(*v);
+        }
+    }
+    by.into_iter().map(|(k, mut v)| (k, spread(&mut v).0)).collect()
+}
+
+/// The tables, one per scenario and metric, as Markdown.
+pub fn tables(run: &Run) -> String {
+    let mut out = String::new();
+    for sc in Scenario::ALL {
+        let ms: Vec<&Measurement> = run.measurements.iter().filter(|m| m.scenario == sc).collect();
+        if ms.is_empty() {
+            continue;
+        }
+        let mut metrics: Vec<String> = Vec::new();
+        for m in &ms {
+            for k in m.figures.values.keys() {
+                if !metrics.contains(k) {
+                    metrics.push(k.clone());
+                }
+            }
+        }
+        out.push_str(&format!("\n### {}: {}\n\n", sc.name(), sc.describe(&run.sizes)));
+        let mut t = Table::new();
+        t.load_style(ASCII_MARKDOWN);
+        let mut header = vec!["backend".to_owned(), "system".to_owned()];
+        for k in &metrics {
+            header.push(format!("{k} (median)"));
+            header.push("min–max".to_owned());
+            header.push("÷ stagedoor".to_owned());
+        }
+        header.push("notes".to_owned());
+        t.set_header(header);
+        let mut keys: Vec<(Backend, System)> = ms.iter().map(|m| (m.backend, m.system)).collect();
+        keys.sort();
+        keys.dedup();
+        for (backend, system) in keys {
+            let mine: Vec<&&Measurement> = ms.iter().filter(|m| m.backend == backend && m.system == system).collect();
+            let mut row = vec![Cell::new(backend.name()), Cell::new(system.name())];
+            for k in &metrics {
+                let mut v: Vec<f64> = mine.iter().filter_map(|m| m.figures.values.get(k).copied()).collect();
+                if v.is_empty() {
+                    row.extend([Cell::new("–"), Cell::new(""), Cell::new("")]);
+                    continue;
+                }
+                let (med, lo, hi) = spread(&mut v);
+                let base = medians(&run.measurements, sc, k).get(&(backend, System::Stagedoor)).copied();
+                let ratio = base.filter(|b| *b > 0.0).map_or(String::new(), |b| format!("{:.2}", med / b));
+                row.push(Cell::new(fmt(med)).set_alignment(CellAlignment::Right));
+                row.push(Cell::new(if v.len() > 1 { format!("{}–{}", fmt(lo), fmt(hi)) } else { String::new() }));
+                row.push(Cell::new(ratio).set_alignment(CellAlignment::Right));
+            }
+            let mut notes: Vec<String> = mine.iter().filter_map(|m| m.figures.note.clone()).collect();
+            notes.dedup();
+            row.push(Cell::new(notes.join("; ")));
+            t.add_row(row);
+        }
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    out
+}

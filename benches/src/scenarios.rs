@@ -1,0 +1,493 @@
+//! The scenarios: what each measures, with which sizes, and how.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::child::{Report, Workers};
+use crate::common::{Backend, BenchJob, Target, now_ns};
+use crate::systems::System;
+
+/// Sizes of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sizes {
+    /// Jobs enqueued one call each.
+    pub enqueue_one: u64,
+    /// Jobs enqueued in bulk calls.
+    pub enqueue_bulk: u64,
+    /// Jobs per bulk call.
+    pub bulk_batch: usize,
+    /// Backlog drained by 1 and by 4 worker processes.
+    pub drain: u64,
+    /// Backlog of the failure path (each job fails once).
+    pub failure: u64,
+    /// Jobs per second of the latency scenario.
+    pub latency_rate: u64,
+    /// Jobs of the latency scenario.
+    pub latency_jobs: u64,
+    /// Length of one step of the steady-state search.
+    pub steady_step: Duration,
+    /// Steps of the steady-state search.
+    pub steady_steps: usize,
+    /// Backlog of the memory scenario.
+    pub memory: u64,
+    /// The most any one measurement may take (a system that has not finished by then is
+    /// reported with what it did, marked capped).
+    pub cap: Duration,
+}
+
+impl Sizes {
+    /// The quick mode: the whole run in about 15 minutes on 2 cores.
+    pub fn quick() -> Self {
+        Sizes {
+            enqueue_one: 1_000,
+            enqueue_bulk: 20_000,
+            bulk_batch: 1_000,
+            drain: 20_000,
+            failure: 5_000,
+            latency_rate: 100,
+            latency_jobs: 200,
+            steady_step: Duration::from_secs(1),
+            steady_steps: 4,
+            memory: 100_000,
+            cap: Duration::from_secs(6),
+        }
+    }
+
+    /// The full mode.
+    pub fn full() -> Self {
+        Sizes {
+            enqueue_one: 5_000,
+            enqueue_bulk: 100_000,
+            bulk_batch: 1_000,
+            drain: 100_000,
+            failure: 20_000,
+            latency_rate: 200,
+            latency_jobs: 2_000,
+            steady_step: Duration::from_secs(4),
+            steady_steps: 6,
+            memory: 1_000_000,
+            cap: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
+pub enum Scenario {
+    /// Enqueue one job per call.
+    EnqueueOne,
+    /// Enqueue in bulk calls.
+    EnqueueBulk,
+    /// Drain a backlog with one worker process.
+    Drain1,
+    /// Drain a backlog with four worker processes.
+    Drain4,
+    /// Producer and consumer together at the highest rate that keeps the backlog flat.
+    Steady,
+    /// Publish-to-handler-start latency at a modest fixed rate.
+    Latency,
+    /// Every job fails once and succeeds on its retry.
+    Failure,
+    /// Peak memory of a worker draining a big backlog.
+    Memory,
+}
+
+impl Scenario {
+    /// Every scenario, in report order.
+    pub const ALL: [Scenario; 8] = [
+        Scenario::EnqueueOne,
+        Scenario::EnqueueBulk,
+        Scenario::Drain1,
+        Scenario::Drain4,
+        Scenario::Steady,
+        Scenario::Latency,
+        Scenario::Failure,
+        Scenario::Memory,
+    ];
+
+    /// Short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::EnqueueOne => "enqueue-one",
+            Scenario::EnqueueBulk => "enqueue-bulk",
+            Scenario::Drain1 => "drain-1",
+            Scenario::Drain4 => "drain-4",
+            Scenario::Steady => "steady",
+            Scenario::Latency => "latency",
+            Scenario::Failure => "failure",
+            Scenario::Memory => "memory",
+        }
+    }
+
+    /// What it measures, with the sizes.
+    pub fn describe(self, s: &Sizes) -> String {
+        match self {
+            Scenario::EnqueueOne => format!("enqueue, one call per job ({} jobs, one producer)", s.enqueue_one),
+            Scenario::EnqueueBulk => format!("enqueue in bulk ({} jobs, {} per call)", s.enqueue_bulk, s.bulk_batch),
+            Scenario::Drain1 => format!("drain a backlog of {} no-op jobs, 1 worker process", s.drain),
+            Scenario::Drain4 => format!("drain a backlog of {} no-op jobs, 4 worker processes", s.drain),
+            Scenario::Steady => "steady state: highest producer rate that keeps the backlog flat, 1 worker process".to_owned(),
+            Scenario::Latency => format!("publish to handler start at {} jobs/s ({} jobs)", s.latency_rate, s.latency_jobs),
+            Scenario::Failure => format!("failure path: {} jobs, each fails once then succeeds", s.failure),
+            Scenario::Memory => format!("one worker draining a backlog of {} jobs", s.memory),
+        }
+    }
+}
+
+/// One measurement's figures, by metric ("jobs/s", "p50 ms", ...), and a note when it did not
+/// finish (capped, failed).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Figures {
+    /// Metric name to value.
+    pub values: BTreeMap<String, f64>,
+    /// Capped, failed, producer-bound...
+    pub note: Option<String>,
+}
+
+impl Figures {
+    fn one(metric: &str, v: f64) -> Self {
+        let mut f = Figures::default();
+        f.values.insert(metric.to_owned(), v);
+        f
+    }
+    fn with(mut self, metric: &str, v: f64) -> Self {
+        self.values.insert(metric.to_owned(), v);
+        self
+    }
+    fn noted(mut self, note: Option<String>) -> Self {
+        self.note = note;
+        self
+    }
+}
+
+/// Where the servers are and where files go.
+pub struct Env {
+    /// `redis://...`
+    pub redis_url: String,
+    /// `postgres://...` of a database the bench may create others from.
+    pub pg_url: String,
+    /// A temp folder for SQLite files and logs.
+    pub dir: PathBuf,
+    /// The sizes.
+    pub sizes: Sizes,
+    counter: std::sync::atomic::AtomicU64,
+}
+
+impl Env {
+    /// An environment.
+    pub fn new(redis_url: String, pg_url: String, dir: PathBuf, sizes: Sizes) -> Self {
+        Env {
+            redis_url,
+            pg_url,
+            dir,
+            sizes,
+            counter: Default::default(),
+        }
+    }
+
+    /// The worker processes' log.
+    pub fn log(&self) -> PathBuf {
+        self.dir.join("workers.log")
+    }
+
+    /// The Postgres URL of `system`'s own database.
+    pub fn pg_db_url(&self, system: System) -> String {
+        let base = self.pg_url.split('?').next().unwrap_or(&self.pg_url);
+        let cut = base.rfind('/').map_or(base.len(), |i| i);
+        format!("{}/bench_{}", &base[..cut], system.flag())
+    }
+
+    /// Creates each system's Postgres database if missing.
+    pub async fn create_databases(&self, systems: &[System]) -> anyhow::Result<()> {
+        use sqlx::Connection;
+        let mut c = sqlx::PgConnection::connect(&self.pg_url).await?;
+        for s in systems {
+            let name = format!("bench_{}", s.flag());
+            let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+                .bind(&name)
+                .fetch_optional(&mut c)
+                .await?;
+            if exists.is_none() {
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .execute(&mut c)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A clean target for one measurement: Redis flushed, a fresh SQLite file, the system's
+    /// own Postgres database; then the system's reset.
+    pub async fn target(&self, system: System, backend: Backend) -> anyhow::Result<Target> {
+        let n = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let url = match backend {
+            Backend::Redis => {
+                let mut c = redis::Client::open(self.redis_url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?;
+                let () = redis::cmd("FLUSHALL").query_async(&mut c).await?;
+                self.redis_url.clone()
+            }
+            Backend::Postgres => self.pg_db_url(system),
+            Backend::Sqlite => {
+                for f in std::fs::read_dir(&self.dir)?.flatten() {
+                    if f.file_name().to_string_lossy().contains(".db") {
+                        let _ = std::fs::remove_file(f.path());
+                    }
+                }
+                format!("sqlite://{}?mode=rwc", self.dir.join(format!("{}-{n}.db", system.flag())).display())
+            }
+        };
+        let t = Target {
+            backend,
+            url,
+            queue: "bench".to_owned(),
+        };
+        system.reset(&t).await?;
+        Ok(t)
+    }
+}
+
+fn jobs(from: u64, n: u64) -> Vec<BenchJob> {
+    (from..from + n).map(|i| BenchJob { i, ts: 0 }).collect()
+}
+
+/// Enqueues `n` jobs as fast as the system allows (bulk calls, or 8 producers calling one at a
+/// time), stopping at `deadline`; returns how many went in.
+async fn fill(system: System, t: &Target, n: u64, batch: usize, deadline: Instant) -> anyhow::Result<u64> {
+    if system.has_bulk() {
+        let mut p = system.producer(t).await?;
+        let mut sent = 0;
+        while sent < n && Instant::now() < deadline {
+            let k = (n - sent).min(batch as u64);
+            p.bulk(&jobs(sent, k)).await?;
+            sent += k;
+        }
+        return Ok(sent);
+    }
+    let sent = std::sync::atomic::AtomicU64::new(0);
+    let mut producers = Vec::new();
+    for _ in 0..8 {
+        producers.push(system.producer(t).await?);
+    }
+    let sent_ref = &sent;
+    futures::future::try_join_all(producers.into_iter().map(|mut p| async move {
+        loop {
+            let i = sent_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if i >= n || Instant::now() >= deadline {
+                sent_ref.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                return anyhow::Ok(());
+            }
+            p.one(BenchJob { i, ts: 0 }).await?;
+        }
+    }))
+    .await?;
+    Ok(sent.load(std::sync::atomic::Ordering::Relaxed).min(n))
+}
+
+/// Waits until the workers have completed `n` jobs, one stopped with an error, or `deadline`.
+async fn wait_done(w: &Workers, n: u64, deadline: Instant) -> Report {
+    loop {
+        let r = w.total();
+        if r.done >= n || r.error.is_some() || Instant::now() >= deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Jobs per second from a report: completions over the time from the first run to the last
+/// completion; a capped run counts up to now.
+fn rate(r: &Report, n: u64) -> (f64, Option<String>) {
+    if r.first_ns == 0 {
+        return (0.0, Some(r.error.clone().unwrap_or_else(|| "no job ran".to_owned())));
+    }
+    let (end, note) = if r.done >= n {
+        (r.last_ns, None)
+    } else {
+        let why = r.error.clone().map_or("capped".to_owned(), |e| format!("stopped: {e}"));
+        (now_ns(), Some(format!("{why}; {} of {n} done", r.done)))
+    };
+    let secs = (end.saturating_sub(r.first_ns)) as f64 / 1e9;
+    (r.done as f64 / secs.max(1e-6), note)
+}
+
+/// Runs one measurement. `hint` is this system's drain rate on this backend, if measured (the
+/// steady-state search starts from half of it).
+pub async fn measure(env: &Env, sc: Scenario, system: System, backend: Backend, hint: Option<f64>) -> anyhow::Result<Figures> {
+    let s = &env.sizes;
+    let t = env.target(system, backend).await?;
+    let deadline = || Instant::now() + s.cap;
+    match sc {
+        Scenario::EnqueueOne => {
+            let mut p = system.producer(&t).await?;
+            let (start, end) = (Instant::now(), deadline());
+            let mut sent = 0;
+            while sent < s.enqueue_one && Instant::now() < end {
+                p.one(BenchJob { i: sent, ts: 0 }).await?;
+                sent += 1;
+            }
+            let note = (sent < s.enqueue_one).then(|| format!("capped; {sent} of {}", s.enqueue_one));
+            Ok(Figures::one("jobs/s", sent as f64 / start.elapsed().as_secs_f64()).noted(note))
+        }
+        Scenario::EnqueueBulk => {
+            if !system.has_bulk() {
+                return Ok(Figures::default().noted(Some("no bulk enqueue".to_owned())));
+            }
+            let start = Instant::now();
+            let sent = fill(system, &t, s.enqueue_bulk, s.bulk_batch, deadline()).await?;
+            let note = (sent < s.enqueue_bulk).then(|| format!("capped; {sent} of {}", s.enqueue_bulk));
+            Ok(Figures::one("jobs/s", sent as f64 / start.elapsed().as_secs_f64()).noted(note))
+        }
+        Scenario::Drain1 | Scenario::Drain4 | Scenario::Failure | Scenario::Memory => {
+            let (n, procs, fail) = match sc {
+                Scenario::Drain1 => (s.drain, 1, false),
+                Scenario::Drain4 => (s.drain, 4, false),
+                Scenario::Failure => (s.failure, 1, true),
+                _ => (s.memory, 1, false),
+            };
+            let filled = fill(system, &t, n, s.bulk_batch, Instant::now() + s.cap * 6).await?;
+            let w = Workers::spawn(system, &t, procs, fail, &env.log())?;
+            let end = deadline();
+            let mut samples: Vec<(u64, u64)> = Vec::new();
+            let r = loop {
+                let r = w.total();
+                if sc == Scenario::Memory {
+                    let rss = w.memory().first().map_or(0, |m| m.0);
+                    samples.push((r.done, rss));
+                }
+                if r.done >= filled || r.error.is_some() || Instant::now() >= end {
+                    break r;
+                }
+                tokio::time::sleep(Duration::from_millis(if sc == Scenario::Memory { 100 } else { 10 })).await;
+            };
+            let (jobs_s, mut note) = rate(&r, filled);
+            if filled < n {
+                note = Some(format!("{}backlog capped at {filled} of {n}", note.map_or(String::new(), |n| n + "; ")));
+            }
+            let mut f = Figures::one("jobs/s", jobs_s);
+            if sc == Scenario::Memory {
+                let peak = w.memory().first().map_or(0, |m| m.1);
+                // Growth: resident memory at the end against a quarter of the way through.
+                let quarter = samples.iter().find(|(d, _)| *d >= r.done / 4).map_or(0, |s| s.1);
+                let last = samples.last().map_or(0, |s| s.1);
+                f = Figures::one("peak MiB", peak as f64 / 1024.0)
+                    .with("growth MiB", (last as f64 - quarter as f64) / 1024.0)
+                    .with("jobs/s", jobs_s);
+            }
+            w.stop().await;
+            Ok(f.noted(note))
+        }
+        Scenario::Steady => steady(env, system, &t, hint).await,
+        Scenario::Latency => {
+            let w = Workers::spawn(system, &t, 1, false, &env.log())?;
+            let mut p = system.producer(&t).await?;
+            if let Some(f) = warm_up(&w, &mut p, s.cap).await {
+                w.stop().await;
+                return Ok(f);
+            }
+            let gap = Duration::from_secs_f64(1.0 / s.latency_rate as f64);
+            let start = tokio::time::Instant::now();
+            for k in 0..s.latency_jobs {
+                tokio::time::sleep_until(start + gap * k as u32).await;
+                p.one(BenchJob { i: k + 1, ts: now_ns() }).await?;
+            }
+            let r = wait_done(&w, s.latency_jobs + 1, deadline()).await;
+            w.stop().await;
+            let mut l = r.latencies.clone();
+            if l.is_empty() {
+                return Ok(Figures::default().noted(Some(r.error.unwrap_or_else(|| "no job ran".to_owned()))));
+            }
+            l.sort_unstable();
+            let q = |p: f64| l[((l.len() as f64 * p) as usize).min(l.len() - 1)] as f64 / 1e6;
+            let note = (r.done < s.latency_jobs + 1).then(|| format!("{} of {} done", r.done, s.latency_jobs + 1));
+            Ok(Figures::one("p50 ms", q(0.5)).with("p99 ms", q(0.99)).noted(note))
+        }
+    }
+}
+
+/// Publishes one job and waits for it: the worker is up. `Some` when it never ran.
+async fn warm_up(w: &Workers, p: &mut crate::systems::Producer, cap: Duration) -> Option<Figures> {
+    if let Err(e) = p.one(BenchJob { i: 0, ts: 0 }).await {
+        return Some(Figures::default().noted(Some(format!("enqueue failed: {e:#}"))));
+    }
+    let r = wait_done(w, 1, Instant::now() + cap).await;
+    (r.done < 1).then(|| Figures::default().noted(Some(r.error.unwrap_or_else(|| "the warm-up job never ran".to_owned()))))
+}
+
+/// The steady-state search: producer steps at a fixed rate; a step is flat when, 300 ms after
+/// it, less than a quarter second of work is left. Doubles until a step is not flat, then
+/// bisects. Reports the highest flat rate the producer achieved.
+async fn steady(env: &Env, system: System, t: &Target, hint: Option<f64>) -> anyhow::Result<Figures> {
+    let s = &env.sizes;
+    let w = Workers::spawn(system, t, 1, false, &env.log())?;
+    let mut p = system.producer(t).await?;
+    if let Some(f) = warm_up(&w, &mut p, s.cap).await {
+        w.stop().await;
+        return Ok(f);
+    }
+    let mut published = 1u64;
+    let mut rate = hint.map_or(500.0, |h| (h * 0.5).max(50.0));
+    let (mut best, mut hi): (Option<f64>, Option<f64>) = (None, None);
+    let mut bound = None;
+    for _ in 0..s.steady_steps {
+        let start = tokio::time::Instant::now();
+        let mut sent = 0u64;
+        let mut tick = 0u32;
+        while start.elapsed() < s.steady_step {
+            tick += 1;
+            tokio::time::sleep_until(start + Duration::from_millis(10) * tick).await;
+            let due = (rate * start.elapsed().as_secs_f64()) as u64;
+            if due > sent {
+                let batch = jobs(published, due - sent);
+                if system.has_bulk() {
+                    for chunk in batch.chunks(s.bulk_batch) {
+                        p.bulk(chunk).await?;
+                    }
+                } else {
+                    for j in batch {
+                        p.one(j).await?;
+                    }
+                }
+                published += due - sent;
+                sent = due;
+            }
+        }
+        let achieved = sent as f64 / start.elapsed().as_secs_f64();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let r = w.total();
+        if let Some(e) = r.error {
+            w.stop().await;
+            return Ok(Figures::one("jobs/s", best.unwrap_or(0.0)).noted(Some(format!("stopped: {e}"))));
+        }
+        let backlog = published.saturating_sub(r.done);
+        let flat = (backlog as f64) <= rate * 0.25 + 10.0;
+        if achieved < rate * 0.9 {
+            bound = Some(format!("producer reached {achieved:.0} of {rate:.0}/s"));
+        }
+        if flat {
+            best = Some(best.map_or(achieved, |b: f64| b.max(achieved)));
+            rate = match hi {
+                None => rate * 2.0,
+                Some(h) => (rate + h) / 2.0,
+            };
+        } else {
+            hi = Some(rate);
+            rate = (best.unwrap_or(rate / 4.0) + rate) / 2.0;
+            // Let the backlog drain before the next step.
+            let r = wait_done(&w, published, Instant::now() + s.cap).await;
+            if r.done < published {
+                break;
+            }
+        }
+    }
+    w.stop().await;
+    let note = match (best, bound) {
+        (None, _) => Some("no step was flat".to_owned()),
+        (_, b) => b,
+    };
+    Ok(Figures::one("jobs/s", best.unwrap_or(0.0)).noted(note))
+}
