@@ -45,7 +45,11 @@ pub struct Run {
 fn spread(v: &mut [f64]) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    let median = if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 };
+    let median = if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    };
     (median, v[0], v[n - 1])
 }
 
@@ -70,21 +74,31 @@ fn fmt(v: f64) -> String {
 }
 
 /// The median of `metric` for each (system, backend) of `scenario`.
-pub fn medians(ms: &[Measurement], scenario: Scenario, metric: &str) -> BTreeMap<(Backend, System), f64> {
+pub fn medians(
+    ms: &[Measurement],
+    scenario: Scenario,
+    metric: &str,
+) -> BTreeMap<(Backend, System), f64> {
     let mut by: BTreeMap<(Backend, System), Vec<f64>> = BTreeMap::new();
     for m in ms.iter().filter(|m| m.scenario == scenario) {
         if let Some(v) = m.figures.values.get(metric) {
             by.entry((m.backend, m.system)).or_default().push(*v);
         }
     }
-    by.into_iter().map(|(k, mut v)| (k, spread(&mut v).0)).collect()
+    by.into_iter()
+        .map(|(k, mut v)| (k, spread(&mut v).0))
+        .collect()
 }
 
 /// The tables, one per scenario and metric, as Markdown.
 pub fn tables(run: &Run) -> String {
     let mut out = String::new();
     for sc in Scenario::ALL {
-        let ms: Vec<&Measurement> = run.measurements.iter().filter(|m| m.scenario == sc).collect();
+        let ms: Vec<&Measurement> = run
+            .measurements
+            .iter()
+            .filter(|m| m.scenario == sc)
+            .collect();
         if ms.is_empty() {
             continue;
         }
@@ -96,7 +110,11 @@ pub fn tables(run: &Run) -> String {
                 }
             }
         }
-        out.push_str(&format!("\n### {}: {}\n\n", sc.name(), sc.describe(&run.sizes)));
+        out.push_str(&format!(
+            "\n### {}: {}\n\n",
+            sc.name(),
+            sc.describe(&run.sizes)
+        ));
         let mut t = Table::new();
         t.load_style(ASCII_MARKDOWN);
         let mut header = vec!["backend".to_owned(), "system".to_owned()];
@@ -111,23 +129,55 @@ pub fn tables(run: &Run) -> String {
         keys.sort();
         keys.dedup();
         for (backend, system) in keys {
-            let mine: Vec<&&Measurement> = ms.iter().filter(|m| m.backend == backend && m.system == system).collect();
+            let mine: Vec<&&Measurement> = ms
+                .iter()
+                .filter(|m| m.backend == backend && m.system == system)
+                .collect();
             let mut row = vec![Cell::new(backend.name()), Cell::new(system.name())];
             for k in &metrics {
-                let mut v: Vec<f64> = mine.iter().filter_map(|m| m.figures.values.get(k).copied()).collect();
+                let mut v: Vec<f64> = mine
+                    .iter()
+                    .filter_map(|m| m.figures.values.get(k).copied())
+                    .collect();
                 if v.is_empty() {
                     row.extend([Cell::new("–"), Cell::new(""), Cell::new("")]);
                     continue;
                 }
                 let (med, lo, hi) = spread(&mut v);
-                let base = medians(&run.measurements, sc, k).get(&(backend, System::Stagedoor)).copied();
-                let ratio = base.filter(|b| *b > 0.0).map_or(String::new(), |b| format!("{:.2}", med / b));
+                let base = medians(&run.measurements, sc, k)
+                    .get(&(backend, System::Stagedoor))
+                    .copied();
+                // A ratio of growths near zero says nothing.
+                let ratio = base
+                    .filter(|b| *b > 0.0 && !k.starts_with("growth"))
+                    .map_or(String::new(), |b| format!("{:.2}", med / b));
                 row.push(Cell::new(fmt(med)).set_alignment(CellAlignment::Right));
-                row.push(Cell::new(if v.len() > 1 { format!("{}–{}", fmt(lo), fmt(hi)) } else { String::new() }));
+                row.push(Cell::new(if v.len() > 1 {
+                    format!("{}–{}", fmt(lo), fmt(hi))
+                } else {
+                    String::new()
+                }));
                 row.push(Cell::new(ratio).set_alignment(CellAlignment::Right));
             }
-            let mut notes: Vec<String> = mine.iter().filter_map(|m| m.figures.note.clone()).collect();
-            notes.dedup();
+            // Each distinct note once, shortened (an error can be a paragraph).
+            let mut notes: Vec<String> = Vec::new();
+            for n in mine.iter().filter_map(|m| m.figures.note.as_deref()) {
+                let short: String = if n.chars().count() > 90 {
+                    n.chars().take(90).chain("…".chars()).collect()
+                } else {
+                    n.to_owned()
+                };
+                if !notes.contains(&short) {
+                    notes.push(short);
+                }
+            }
+            if notes.len() > 1 {
+                notes = notes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| format!("({}) {n}", i + 1))
+                    .collect();
+            }
             row.push(Cell::new(notes.join("; ")));
             t.add_row(row);
         }

@@ -125,13 +125,34 @@ impl Scenario {
     /// What it measures, with the sizes.
     pub fn describe(self, s: &Sizes) -> String {
         match self {
-            Scenario::EnqueueOne => format!("enqueue, one call per job ({} jobs, one producer)", s.enqueue_one),
-            Scenario::EnqueueBulk => format!("enqueue in bulk ({} jobs, {} per call)", s.enqueue_bulk, s.bulk_batch),
-            Scenario::Drain1 => format!("drain a backlog of {} no-op jobs, 1 worker process", s.drain),
-            Scenario::Drain4 => format!("drain a backlog of {} no-op jobs, 4 worker processes", s.drain),
-            Scenario::Steady => "steady state: highest producer rate that keeps the backlog flat, 1 worker process".to_owned(),
-            Scenario::Latency => format!("publish to handler start at {} jobs/s ({} jobs)", s.latency_rate, s.latency_jobs),
-            Scenario::Failure => format!("failure path: {} jobs, each fails once then succeeds", s.failure),
+            Scenario::EnqueueOne => format!(
+                "enqueue, one call per job ({} jobs, one producer)",
+                s.enqueue_one
+            ),
+            Scenario::EnqueueBulk => format!(
+                "enqueue in bulk ({} jobs, {} per call)",
+                s.enqueue_bulk, s.bulk_batch
+            ),
+            Scenario::Drain1 => format!(
+                "drain a backlog of {} no-op jobs, 1 worker process",
+                s.drain
+            ),
+            Scenario::Drain4 => format!(
+                "drain a backlog of {} no-op jobs, 4 worker processes",
+                s.drain
+            ),
+            Scenario::Steady => {
+                "steady state: highest producer rate that keeps the backlog flat, 1 worker process"
+                    .to_owned()
+            }
+            Scenario::Latency => format!(
+                "publish to handler start at {} jobs/s ({} jobs)",
+                s.latency_rate, s.latency_jobs
+            ),
+            Scenario::Failure => format!(
+                "failure path: {} jobs, each fails once then succeeds",
+                s.failure
+            ),
             Scenario::Memory => format!("one worker draining a backlog of {} jobs", s.memory),
         }
     }
@@ -206,10 +227,11 @@ impl Env {
         let mut c = sqlx::PgConnection::connect(&self.pg_url).await?;
         for s in systems {
             let name = format!("bench_{}", s.flag());
-            let exists: Option<i32> = sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
-                .bind(&name)
-                .fetch_optional(&mut c)
-                .await?;
+            let exists: Option<i32> =
+                sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
+                    .bind(&name)
+                    .fetch_optional(&mut c)
+                    .await?;
             if exists.is_none() {
                 sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
                     .execute(&mut c)
@@ -222,7 +244,9 @@ impl Env {
     /// A clean target for one measurement: Redis flushed, a fresh SQLite file, the system's
     /// own Postgres database; then the system's reset.
     pub async fn target(&self, system: System, backend: Backend) -> anyhow::Result<Target> {
-        let n = self.counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = self
+            .counter
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let url = match backend {
             Backend::Redis => {
                 let mut c = redis::Client::open(self.redis_url.as_str())?
@@ -238,7 +262,10 @@ impl Env {
                         let _ = std::fs::remove_file(f.path());
                     }
                 }
-                format!("sqlite://{}?mode=rwc", self.dir.join(format!("{}-{n}.db", system.flag())).display())
+                format!(
+                    "sqlite://{}?mode=rwc",
+                    self.dir.join(format!("{}-{n}.db", system.flag())).display()
+                )
             }
         };
         let t = Target {
@@ -257,7 +284,13 @@ fn jobs(from: u64, n: u64) -> Vec<BenchJob> {
 
 /// Enqueues `n` jobs as fast as the system allows (bulk calls, or 8 producers calling one at a
 /// time), stopping at `deadline`; returns how many went in.
-async fn fill(system: System, t: &Target, n: u64, batch: usize, deadline: Instant) -> anyhow::Result<u64> {
+async fn fill(
+    system: System,
+    t: &Target,
+    n: u64,
+    batch: usize,
+    deadline: Instant,
+) -> anyhow::Result<u64> {
     if system.has_bulk() {
         let mut p = system.producer(t).await?;
         let mut sent = 0;
@@ -303,12 +336,18 @@ async fn wait_done(w: &Workers, n: u64, deadline: Instant) -> Report {
 /// completion; a capped run counts up to now.
 fn rate(r: &Report, n: u64) -> (f64, Option<String>) {
     if r.first_ns == 0 {
-        return (0.0, Some(r.error.clone().unwrap_or_else(|| "no job ran".to_owned())));
+        return (
+            0.0,
+            Some(r.error.clone().unwrap_or_else(|| "no job ran".to_owned())),
+        );
     }
     let (end, note) = if r.done >= n {
         (r.last_ns, None)
     } else {
-        let why = r.error.clone().map_or("capped".to_owned(), |e| format!("stopped: {e}"));
+        let why = r
+            .error
+            .clone()
+            .map_or("capped".to_owned(), |e| format!("stopped: {e}"));
         (now_ns(), Some(format!("{why}; {} of {n} done", r.done)))
     };
     let secs = (end.saturating_sub(r.first_ns)) as f64 / 1e9;
@@ -317,7 +356,13 @@ fn rate(r: &Report, n: u64) -> (f64, Option<String>) {
 
 /// Runs one measurement. `hint` is this system's drain rate on this backend, if measured (the
 /// steady-state search starts from half of it).
-pub async fn measure(env: &Env, sc: Scenario, system: System, backend: Backend, hint: Option<f64>) -> anyhow::Result<Figures> {
+pub async fn measure(
+    env: &Env,
+    sc: Scenario,
+    system: System,
+    backend: Backend,
+    hint: Option<f64>,
+) -> anyhow::Result<Figures> {
     let s = &env.sizes;
     let t = env.target(system, backend).await?;
     let deadline = || Instant::now() + s.cap;
@@ -330,7 +375,8 @@ pub async fn measure(env: &Env, sc: Scenario, system: System, backend: Backend, 
                 p.one(BenchJob { i: sent, ts: 0 }).await?;
                 sent += 1;
             }
-            let note = (sent < s.enqueue_one).then(|| format!("capped; {sent} of {}", s.enqueue_one));
+            let note =
+                (sent < s.enqueue_one).then(|| format!("capped; {sent} of {}", s.enqueue_one));
             Ok(Figures::one("jobs/s", sent as f64 / start.elapsed().as_secs_f64()).noted(note))
         }
         Scenario::EnqueueBulk => {
@@ -339,7 +385,8 @@ pub async fn measure(env: &Env, sc: Scenario, system: System, backend: Backend, 
             }
             let start = Instant::now();
             let sent = fill(system, &t, s.enqueue_bulk, s.bulk_batch, deadline()).await?;
-            let note = (sent < s.enqueue_bulk).then(|| format!("capped; {sent} of {}", s.enqueue_bulk));
+            let note =
+                (sent < s.enqueue_bulk).then(|| format!("capped; {sent} of {}", s.enqueue_bulk));
             Ok(Figures::one("jobs/s", sent as f64 / start.elapsed().as_secs_f64()).noted(note))
         }
         Scenario::Drain1 | Scenario::Drain4 | Scenario::Failure | Scenario::Memory => {
@@ -362,17 +409,33 @@ pub async fn measure(env: &Env, sc: Scenario, system: System, backend: Backend, 
                 if r.done >= filled || r.error.is_some() || Instant::now() >= end {
                     break r;
                 }
-                tokio::time::sleep(Duration::from_millis(if sc == Scenario::Memory { 100 } else { 10 })).await;
+                tokio::time::sleep(Duration::from_millis(if sc == Scenario::Memory {
+                    100
+                } else {
+                    10
+                }))
+                .await;
             };
             let (jobs_s, mut note) = rate(&r, filled);
             if filled < n {
-                note = Some(format!("{}backlog capped at {filled} of {n}", note.map_or(String::new(), |n| n + "; ")));
+                note = Some(format!(
+                    "{}backlog capped at {filled} of {n}",
+                    note.map_or(String::new(), |n| n + "; ")
+                ));
+            }
+            if r.done == 0 {
+                // Nothing ran: a failure, not a figure.
+                w.stop().await;
+                return Ok(Figures::default().noted(note));
             }
             let mut f = Figures::one("jobs/s", jobs_s);
             if sc == Scenario::Memory {
                 let peak = w.memory().first().map_or(0, |m| m.1);
                 // Growth: resident memory at the end against a quarter of the way through.
-                let quarter = samples.iter().find(|(d, _)| *d >= r.done / 4).map_or(0, |s| s.1);
+                let quarter = samples
+                    .iter()
+                    .find(|(d, _)| *d >= r.done / 4)
+                    .map_or(0, |s| s.1);
                 let last = samples.last().map_or(0, |s| s.1);
                 f = Figures::one("peak MiB", peak as f64 / 1024.0)
                     .with("growth MiB", (last as f64 - quarter as f64) / 1024.0)
@@ -393,18 +456,26 @@ pub async fn measure(env: &Env, sc: Scenario, system: System, backend: Backend, 
             let start = tokio::time::Instant::now();
             for k in 0..s.latency_jobs {
                 tokio::time::sleep_until(start + gap * k as u32).await;
-                p.one(BenchJob { i: k + 1, ts: now_ns() }).await?;
+                p.one(BenchJob {
+                    i: k + 1,
+                    ts: now_ns(),
+                })
+                .await?;
             }
             let r = wait_done(&w, s.latency_jobs + 1, deadline()).await;
             w.stop().await;
             let mut l = r.latencies.clone();
             if l.is_empty() {
-                return Ok(Figures::default().noted(Some(r.error.unwrap_or_else(|| "no job ran".to_owned()))));
+                return Ok(Figures::default()
+                    .noted(Some(r.error.unwrap_or_else(|| "no job ran".to_owned()))));
             }
             l.sort_unstable();
             let q = |p: f64| l[((l.len() as f64 * p) as usize).min(l.len() - 1)] as f64 / 1e6;
-            let note = (r.done < s.latency_jobs + 1).then(|| format!("{} of {} done", r.done, s.latency_jobs + 1));
-            Ok(Figures::one("p50 ms", q(0.5)).with("p99 ms", q(0.99)).noted(note))
+            let note = (r.done < s.latency_jobs + 1)
+                .then(|| format!("{} of {} done", r.done, s.latency_jobs + 1));
+            Ok(Figures::one("p50 ms", q(0.5))
+                .with("p99 ms", q(0.99))
+                .noted(note))
         }
     }
 }
@@ -415,13 +486,23 @@ async fn warm_up(w: &Workers, p: &mut crate::systems::Producer, cap: Duration) -
         return Some(Figures::default().noted(Some(format!("enqueue failed: {e:#}"))));
     }
     let r = wait_done(w, 1, Instant::now() + cap).await;
-    (r.done < 1).then(|| Figures::default().noted(Some(r.error.unwrap_or_else(|| "the warm-up job never ran".to_owned()))))
+    (r.done < 1).then(|| {
+        Figures::default().noted(Some(
+            r.error
+                .unwrap_or_else(|| "the warm-up job never ran".to_owned()),
+        ))
+    })
 }
 
 /// The steady-state search: producer steps at a fixed rate; a step is flat when, 300 ms after
 /// it, less than a quarter second of work is left. Doubles until a step is not flat, then
 /// bisects. Reports the highest flat rate the producer achieved.
-async fn steady(env: &Env, system: System, t: &Target, hint: Option<f64>) -> anyhow::Result<Figures> {
+async fn steady(
+    env: &Env,
+    system: System,
+    t: &Target,
+    hint: Option<f64>,
+) -> anyhow::Result<Figures> {
     let s = &env.sizes;
     let w = Workers::spawn(system, t, 1, false, &env.log())?;
     let mut p = system.producer(t).await?;
@@ -461,7 +542,8 @@ async fn steady(env: &Env, system: System, t: &Target, hint: Option<f64>) -> any
         let r = w.total();
         if let Some(e) = r.error {
             w.stop().await;
-            return Ok(Figures::one("jobs/s", best.unwrap_or(0.0)).noted(Some(format!("stopped: {e}"))));
+            let f = best.map_or_else(Figures::default, |b| Figures::one("jobs/s", b));
+            return Ok(f.noted(Some(format!("stopped: {e}"))));
         }
         let backlog = published.saturating_sub(r.done);
         let flat = (backlog as f64) <= rate * 0.25 + 10.0;
@@ -489,5 +571,6 @@ async fn steady(env: &Env, system: System, t: &Target, hint: Option<f64>) -> any
         (None, _) => Some("no step was flat".to_owned()),
         (_, b) => b,
     };
-    Ok(Figures::one("jobs/s", best.unwrap_or(0.0)).noted(note))
+    let f = best.map_or_else(Figures::default, |b| Figures::one("jobs/s", b));
+    Ok(f.noted(note))
 }
