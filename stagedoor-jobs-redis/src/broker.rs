@@ -56,6 +56,55 @@ struct Inner {
     housekeeping: Mutex<HashMap<String, Housekeeping>>,
     /// Dead-stream entries trimmed away so far (also logged).
     trimmed: AtomicU64,
+    /// Per stream, the task that acknowledges settled deliveries in batches.
+    acks: Mutex<HashMap<String, tokio::sync::mpsc::UnboundedSender<AckReq>>>,
+}
+
+/// A delivery to acknowledge in its stream's next [`scripts::ACK_MANY`] call.
+struct AckReq {
+    id: String,
+    deliveries: u64,
+    job: String,
+    reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
+}
+
+/// The same error again, for every delivery of a failed batch.
+fn same_err(e: &BrokerError) -> BrokerError {
+    match e {
+        BrokerError::Connection(s) => BrokerError::Connection(s.clone()),
+        other => BrokerError::Backend(other.to_string()),
+    }
+}
+
+/// Acknowledges deliveries in batches: what settled while the previous call ran goes in the
+/// next one (one script call for up to `ACK_BATCH` deliveries, each fenced on its own).
+async fn ack_loop(
+    mut c: Conn,
+    keys: Keys,
+    consumer: String,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<AckReq>,
+) {
+    let mut batch = Vec::with_capacity(scripts::ACK_BATCH);
+    while rx.recv_many(&mut batch, scripts::ACK_BATCH).await > 0 {
+        let mut call = scripts::ACK_MANY.key(&keys.stream);
+        call.key(&keys.ids).arg(GROUP).arg(&consumer);
+        for r in &batch {
+            call.arg(&r.id).arg(r.deliveries).arg(&r.job);
+        }
+        match call.invoke_async::<Vec<i64>>(&mut c).await {
+            Ok(done) => {
+                for (i, r) in batch.drain(..).enumerate() {
+                    let _ = r.reply.send(Ok(done.get(i) == Some(&1)));
+                }
+            }
+            Err(e) => {
+                let e = conn_err(e);
+                for r in batch.drain(..) {
+                    let _ = r.reply.send(Err(same_err(&e)));
+                }
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -159,6 +208,7 @@ impl RedisBroker {
                 consumer,
                 housekeeping: Mutex::new(HashMap::new()),
                 trimmed: AtomicU64::new(0),
+                acks: Mutex::new(HashMap::new()),
             }),
             lease: Duration::from_secs(30),
             max_deliveries: 3,
@@ -702,18 +752,28 @@ impl Broker for RedisBroker {
         let mut c = self.conn()?;
         let done = match settlement {
             Settlement::Ack | Settlement::Drop => {
-                let n: i64 = scripts::ACK
-                    .key(&keys.stream)
-                    .key(&keys.ids)
-                    .arg(GROUP)
-                    .arg(&self.inner.consumer)
-                    .arg(&r.id)
-                    .arg(r.deliveries)
-                    .arg(&job)
-                    .invoke_async(&mut c)
-                    .await
-                    .map_err(conn_err)?;
-                n == 1
+                let tx = {
+                    let mut acks = self.inner.acks.lock().expect("acks lock");
+                    acks.entry(keys.stream.clone())
+                        .or_insert_with(|| {
+                            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                            let consumer = self.inner.consumer.clone();
+                            tokio::spawn(ack_loop(c.clone(), keys.clone(), consumer, rx));
+                            tx
+                        })
+                        .clone()
+                };
+                let (reply, answer) = tokio::sync::oneshot::channel();
+                let stopped =
+                    || BrokerError::Connection("the acknowledgement task stopped".to_owned());
+                tx.send(AckReq {
+                    id: r.id.clone(),
+                    deliveries: r.deliveries,
+                    job,
+                    reply,
+                })
+                .map_err(|_| stopped())?;
+                answer.await.map_err(|_| stopped())??
             }
             Settlement::Retry { delay, .. } => {
                 // The next entry carries the attempts spent so far.

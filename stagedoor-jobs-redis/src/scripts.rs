@@ -20,15 +20,35 @@ fn with_owned(body: &str) -> Script {
     Script::new(&format!("{OWNED}\n{body}"))
 }
 
-/// KEYS: stream, ids. ARGV: group, consumer, id, deliveries, job_id.
-pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| {
+/// Most deliveries one [`ACK_MANY`] call acknowledges.
+pub(crate) const ACK_BATCH: usize = 256;
+
+/// Acknowledges a batch of deliveries (at most [`ACK_BATCH`], so the `unpack`s stay bounded):
+/// each owned one is acknowledged, deleted from the stream and its job id forgotten, with one
+/// `XACK`, one `XDEL` and one `SREM` for the batch. KEYS: stream, ids. ARGV: group, consumer, then
+/// `id, deliveries, job_id` per delivery. Returns 1 or 0 per delivery, in order; each is fenced
+/// on its own consumer and delivery count.
+pub(crate) static ACK_MANY: LazyLock<Script> = LazyLock::new(|| {
     with_owned(
         r"
-if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-redis.call('XDEL', KEYS[1], ARGV[3])
-redis.call('SREM', KEYS[2], ARGV[5])
-return 1
+local out, ids, jobs = {}, {}, {}
+local i = 3
+while i + 2 <= #ARGV do
+  if owned(KEYS[1], ARGV[1], ARGV[2], ARGV[i], ARGV[i + 1]) then
+    ids[#ids + 1] = ARGV[i]
+    jobs[#jobs + 1] = ARGV[i + 2]
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+  i = i + 3
+end
+if #ids > 0 then
+  redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
+  redis.call('XDEL', KEYS[1], unpack(ids))
+  redis.call('SREM', KEYS[2], unpack(jobs))
+end
+return out
 ",
     )
 });

@@ -316,7 +316,13 @@ struct Worker<B> {
 impl<B: Broker> Worker<B> {
     async fn claim_loop(self) {
         let this = Arc::new(self);
-        let slots = Arc::new(Semaphore::new(this.queue.slots));
+        // Deliveries in flight: the mounts' concurrency, plus up to half of it claimed ahead
+        // (at most one claim's worth), so that the next batch is claimed while this one
+        // settles. A delivery claimed ahead waits for its mount's permit with its lease
+        // renewed. A queue served one or two at a time claims nothing ahead: a job held behind
+        // a long handler would wait while other workers idle.
+        let in_flight = this.queue.slots + (this.queue.slots / 2).min(MAX_BATCH);
+        let slots = Arc::new(Semaphore::new(in_flight));
         let mut running: JoinSet<()> = JoinSet::new();
         let mut stop = this.ctx.stop.clone();
         let mut failures: u32 = 0;
@@ -330,7 +336,7 @@ impl<B: Broker> Worker<B> {
                 _ = stop.changed() => break,
             };
             let mut permits = vec![first];
-            let want = this.queue.slots.min(MAX_BATCH);
+            let want = in_flight.min(MAX_BATCH);
             while permits.len() < want {
                 match Arc::clone(&slots).try_acquire_owned() {
                     Ok(p) => permits.push(p),
