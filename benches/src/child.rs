@@ -45,7 +45,11 @@ pub async fn run_worker(system: System, t: Target, fail_once: bool) -> anyhow::R
                     line.push('\n');
                 }
                 let mut out = std::io::stdout().lock();
-                if out.write_all(line.as_bytes()).and_then(|_| out.flush()).is_err() {
+                if out
+                    .write_all(line.as_bytes())
+                    .and_then(|_| out.flush())
+                    .is_err()
+                {
                     std::process::exit(0);
                 }
             }
@@ -86,12 +90,21 @@ pub struct Workers {
 
 impl Workers {
     /// Spawns `n` worker processes of `system` on `t`; their stderr goes to `log`.
-    pub fn spawn(system: System, t: &Target, n: usize, fail_once: bool, log: &Path) -> anyhow::Result<Self> {
+    pub fn spawn(
+        system: System,
+        t: &Target,
+        n: usize,
+        fail_once: bool,
+        log: &Path,
+    ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
         let mut children = Vec::new();
         let mut reports = Vec::new();
         for _ in 0..n {
-            let err = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+            let err = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)?;
             let mut cmd = Command::new(&exe);
             cmd.arg("worker")
                 .args(["--system", system.flag()])
@@ -122,7 +135,9 @@ impl Workers {
                                 (r.done, r.runs, r.first_ns, r.last_ns) = (done, runs, first, last);
                             }
                         }
-                        Some("L") => r.latencies.extend(parts.filter_map(|p| p.parse::<u64>().ok())),
+                        Some("L") => r
+                            .latencies
+                            .extend(parts.filter_map(|p| p.parse::<u64>().ok())),
                         Some("E") => r.error = Some(line[2..].to_owned()),
                         _ => {}
                     }
@@ -163,7 +178,8 @@ impl Workers {
             .iter()
             .filter_map(|c| c.id())
             .map(|pid| {
-                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let status =
+                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
                 let field = |name: &str| {
                     status
                         .lines()
@@ -187,4 +203,3 @@ impl Workers {
         }
     }
 }
-

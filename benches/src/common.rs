@@ -18,7 +18,19 @@ pub struct BenchJob {
 }
 
 /// The server a measurement runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
 pub enum Backend {
     /// Redis (Streams where the system uses them).
     Redis,

@@ -84,7 +84,12 @@ enum Cmd {
 }
 
 async fn smoke(system: System, t: Target, n: u64, fail_once: bool) -> anyhow::Result<()> {
-    anyhow::ensure!(system.supports(t.backend), "{} does not run on {:?}", system.name(), t.backend);
+    anyhow::ensure!(
+        system.supports(t.backend),
+        "{} does not run on {:?}",
+        system.name(),
+        t.backend
+    );
     system.reset(&t).await?;
     let mut p = system.producer(&t).await?;
     let half = n / 2;
@@ -152,13 +157,20 @@ async fn main() -> anyhow::Result<()> {
             database_url,
             out,
         } => {
-            let sizes = if full { scenarios::Sizes::full() } else { scenarios::Sizes::quick() };
+            let sizes = if full {
+                scenarios::Sizes::full()
+            } else {
+                scenarios::Sizes::quick()
+            };
             run(RunArgs {
                 mode: if full { "full" } else { "quick" },
                 sizes,
                 repeats: repeats.max(1),
                 systems: pick(systems, &System::ALL),
-                backends: pick(backends, &[Backend::Redis, Backend::Postgres, Backend::Sqlite]),
+                backends: pick(
+                    backends,
+                    &[Backend::Redis, Backend::Postgres, Backend::Sqlite],
+                ),
                 scenarios: pick(scenarios, &scenarios::Scenario::ALL),
                 redis_url,
                 database_url,
@@ -172,7 +184,18 @@ async fn main() -> anyhow::Result<()> {
             url,
             queue,
             fail_once,
-        } => child::run_worker(system, Target { backend, url, queue }, fail_once).await,
+        } => {
+            child::run_worker(
+                system,
+                Target {
+                    backend,
+                    url,
+                    queue,
+                },
+                fail_once,
+            )
+            .await
+        }
         Cmd::Smoke {
             system,
             backend,
@@ -180,7 +203,19 @@ async fn main() -> anyhow::Result<()> {
             n,
             fail_once,
             queue,
-        } => smoke(system, Target { backend, url, queue }, n, fail_once).await,
+        } => {
+            smoke(
+                system,
+                Target {
+                    backend,
+                    url,
+                    queue,
+                },
+                n,
+                fail_once,
+            )
+            .await
+        }
     }
 }
 
@@ -199,16 +234,29 @@ struct RunArgs {
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().next().and_then(|l| l.split_whitespace().nth(1)).and_then(|k| k.parse::<u64>().ok()))
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|k| k.parse::<u64>().ok())
+        })
         .map_or(0, |k| k / 1024 / 1024);
     let os = std::fs::read_to_string("/etc/os-release")
         .ok()
-        .and_then(|o| o.lines().find(|l| l.starts_with("PRETTY_NAME=")).map(|l| l[12..].trim_matches('"').to_owned()))
+        .and_then(|o| {
+            o.lines()
+                .find(|l| l.starts_with("PRETTY_NAME="))
+                .map(|l| l[12..].trim_matches('"').to_owned())
+        })
         .unwrap_or_default();
     format!("{cores} cores ({cpu}), {mem} GiB, {os}")
 }
@@ -226,7 +274,12 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
     let pairs: Vec<(System, Backend)> = a
         .backends
         .iter()
-        .flat_map(|b| a.systems.iter().filter(|s| s.supports(*b)).map(move |s| (*s, *b)))
+        .flat_map(|b| {
+            a.systems
+                .iter()
+                .filter(|s| s.supports(*b))
+                .map(move |s| (*s, *b))
+        })
         .collect();
     let total: usize = a
         .scenarios
@@ -249,29 +302,52 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
                 continue;
             }
             for backend in &a.backends {
-                let mut systems: Vec<System> = a.systems.iter().copied().filter(|s| s.supports(*backend)).collect();
+                let mut systems: Vec<System> = a
+                    .systems
+                    .iter()
+                    .copied()
+                    .filter(|s| s.supports(*backend))
+                    .collect();
                 // Interleave: each repeat starts with another system.
                 let n = systems.len().max(1);
                 systems.rotate_left(repeat % n);
                 for system in systems {
                     k += 1;
-                    let hint = report::medians(&results, Scenario::Drain1, "jobs/s").get(&(*backend, system)).copied();
+                    let hint = report::medians(&results, Scenario::Drain1, "jobs/s")
+                        .get(&(*backend, system))
+                        .copied();
                     let t0 = Instant::now();
                     let figures = match measure(&env, *sc, system, *backend, hint).await {
                         Ok(f) => f,
-                        Err(e) => scenarios::Figures { note: Some(format!("error: {e:#}")), ..Default::default() },
+                        Err(e) => scenarios::Figures {
+                            note: Some(format!("error: {e:#}")),
+                            ..Default::default()
+                        },
                     };
-                    let shown: Vec<String> = figures.values.iter().map(|(m, v)| format!("{v:.1} {m}")).collect();
+                    let shown: Vec<String> = figures
+                        .values
+                        .iter()
+                        .map(|(m, v)| format!("{v:.1} {m}"))
+                        .collect();
                     eprintln!(
                         "[{k}/{total}] {:<12} {:<8} {:<15} {} {}({:.1} s)",
                         sc.name(),
                         backend.name(),
                         system.name(),
                         shown.join(", "),
-                        figures.note.as_deref().map_or(String::new(), |n| format!("[{n}] ")),
+                        figures
+                            .note
+                            .as_deref()
+                            .map_or(String::new(), |n| format!("[{n}] ")),
                         t0.elapsed().as_secs_f64()
                     );
-                    results.push(report::Measurement { scenario: *sc, system, backend: *backend, repeat, figures });
+                    results.push(report::Measurement {
+                        scenario: *sc,
+                        system,
+                        backend: *backend,
+                        repeat,
+                        figures,
+                    });
                 }
             }
         }
@@ -295,9 +371,16 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
     );
     println!("{md}");
     std::fs::create_dir_all(&a.out)?;
-    std::fs::write(a.out.join("latest.json"), serde_json::to_string_pretty(&run)?)?;
+    std::fs::write(
+        a.out.join("latest.json"),
+        serde_json::to_string_pretty(&run)?,
+    )?;
     std::fs::write(a.out.join("latest.md"), &md)?;
-    eprintln!("stagedoor-bench: wrote {} and {}", a.out.join("latest.json").display(), a.out.join("latest.md").display());
+    eprintln!(
+        "stagedoor-bench: wrote {} and {}",
+        a.out.join("latest.json").display(),
+        a.out.join("latest.md").display()
+    );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

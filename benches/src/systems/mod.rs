@@ -28,7 +28,9 @@ use std::sync::Arc;
 use crate::common::{Backend, BenchJob, Hook, Target};
 
 /// A system under measurement.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, clap::ValueEnum,
+)]
 pub enum System {
     /// stagedoor-jobs.
     Stagedoor,
@@ -45,11 +47,26 @@ pub enum System {
 macro_rules! each {
     ($sys:expr, $m:ident => $e:expr) => {
         match $sys {
-            System::Stagedoor => { use stagedoor as $m; $e }
-            System::Apalis => { use apalis as $m; $e }
-            System::Graphile => { use graphile as $m; $e }
-            System::Ruststream => { use ruststream as $m; $e }
-            System::Raw => { use raw as $m; $e }
+            System::Stagedoor => {
+                use stagedoor as $m;
+                $e
+            }
+            System::Apalis => {
+                use apalis as $m;
+                $e
+            }
+            System::Graphile => {
+                use graphile as $m;
+                $e
+            }
+            System::Ruststream => {
+                use ruststream as $m;
+                $e
+            }
+            System::Raw => {
+                use raw as $m;
+                $e
+            }
         }
     };
 }

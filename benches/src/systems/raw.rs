@@ -52,9 +52,13 @@ pub async fn reset(t: &Target) -> anyhow::Result<()> {
         }
         Backend::Sqlite => {
             let mut c = sqlx::SqliteConnection::connect(&t.url).await?;
-            sqlx::raw_sql("PRAGMA journal_mode = WAL").execute(&mut c).await?;
+            sqlx::raw_sql("PRAGMA journal_mode = WAL")
+                .execute(&mut c)
+                .await?;
             sqlx::raw_sql(SQLITE_SCHEMA).execute(&mut c).await?;
-            sqlx::raw_sql("DELETE FROM raw_jobs").execute(&mut c).await?;
+            sqlx::raw_sql("DELETE FROM raw_jobs")
+                .execute(&mut c)
+                .await?;
         }
     }
     Ok(())
@@ -72,9 +76,11 @@ pub enum Producer {
 
 async fn sqlite(url: &str) -> anyhow::Result<sqlx::SqliteConnection> {
     let mut c = sqlx::SqliteConnection::connect(url).await?;
-    sqlx::raw_sql("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000")
-        .execute(&mut c)
-        .await?;
+    sqlx::raw_sql(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000",
+    )
+    .execute(&mut c)
+    .await?;
     Ok(c)
 }
 
@@ -111,16 +117,20 @@ impl Producer {
                 let () = p.query_async(c).await?;
             }
             Producer::Postgres(c, q) => {
-                let mut b = QueryBuilder::<sqlx::Postgres>::new("INSERT INTO raw_jobs (queue, payload) ");
+                let mut b =
+                    QueryBuilder::<sqlx::Postgres>::new("INSERT INTO raw_jobs (queue, payload) ");
                 b.push_values(jobs, |mut row, j| {
-                    row.push_bind(q.clone()).push_bind(serde_json::to_vec(j).unwrap_or_default());
+                    row.push_bind(q.clone())
+                        .push_bind(serde_json::to_vec(j).unwrap_or_default());
                 });
                 b.build().execute(c).await?;
             }
             Producer::Sqlite(c, q) => {
-                let mut b = QueryBuilder::<sqlx::Sqlite>::new("INSERT INTO raw_jobs (queue, payload) ");
+                let mut b =
+                    QueryBuilder::<sqlx::Sqlite>::new("INSERT INTO raw_jobs (queue, payload) ");
                 b.push_values(jobs, |mut row, j| {
-                    row.push_bind(q.clone()).push_bind(serde_json::to_vec(j).unwrap_or_default());
+                    row.push_bind(q.clone())
+                        .push_bind(serde_json::to_vec(j).unwrap_or_default());
                 });
                 b.build().execute(c).await?;
             }
@@ -161,7 +171,9 @@ async fn work_redis(t: &Target, hook: &Hook) -> anyhow::Result<()> {
         for key in reply.keys {
             for e in key.ids {
                 let job: BenchJob = match e.map.get("p") {
-                    Some(v) => serde_json::from_slice(&redis::from_redis_value::<Vec<u8>>(v.clone())?)?,
+                    Some(v) => {
+                        serde_json::from_slice(&redis::from_redis_value::<Vec<u8>>(v.clone())?)?
+                    }
                     None => anyhow::bail!("entry {} has no payload", e.id),
                 };
                 if !hook.run(&job) {
@@ -195,7 +207,11 @@ async fn work_postgres(t: &Target, hook: &Hook) -> anyhow::Result<()> {
         let (mut done, mut again) = (Vec::new(), Vec::new());
         for (id, payload) in rows {
             let job: BenchJob = serde_json::from_slice(&payload)?;
-            if hook.run(&job) { done.push(id) } else { again.push(id) }
+            if hook.run(&job) {
+                done.push(id)
+            } else {
+                again.push(id)
+            }
         }
         sqlx::query("DELETE FROM raw_jobs WHERE id = ANY($1)")
             .bind(&done)
@@ -235,13 +251,24 @@ async fn work_sqlite(t: &Target, hook: &Hook) -> anyhow::Result<()> {
         let (mut done, mut again) = (Vec::new(), Vec::new());
         for (id, payload) in rows {
             let job: BenchJob = serde_json::from_slice(&payload)?;
-            if hook.run(&job) { done.push(id) } else { again.push(id) }
+            if hook.run(&job) {
+                done.push(id)
+            } else {
+                again.push(id)
+            }
         }
         let sql = format!("DELETE FROM raw_jobs WHERE id IN ({})", id_list(&done));
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut c).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut c)
+            .await?;
         if !again.is_empty() {
-            let sql = format!("UPDATE raw_jobs SET locked_until = NULL WHERE id IN ({})", id_list(&again));
-            sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut c).await?;
+            let sql = format!(
+                "UPDATE raw_jobs SET locked_until = NULL WHERE id IN ({})",
+                id_list(&again)
+            );
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut c)
+                .await?;
         }
     }
 }

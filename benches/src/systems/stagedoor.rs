@@ -97,7 +97,9 @@ pub async fn reset(t: &Target) -> anyhow::Result<()> {
         Backend::Sqlite => {
             let mut c = sqlx::SqliteConnection::connect(&t.url).await?;
             sqlx::raw_sql(SQLITE_SCHEMA).execute(&mut c).await?;
-            sqlx::raw_sql("DELETE FROM bench_jobs").execute(&mut c).await?;
+            sqlx::raw_sql("DELETE FROM bench_jobs")
+                .execute(&mut c)
+                .await?;
         }
     }
     Ok(())
@@ -154,7 +156,10 @@ impl Producer {
         let q = match self {
             Producer::Redis(_, q) | Producer::Postgres(_, q) | Producer::Sqlite(_, q) => q.clone(),
         };
-        let batch = jobs.iter().map(|j| job(&q, j)).collect::<anyhow::Result<Vec<_>>>()?;
+        let batch = jobs
+            .iter()
+            .map(|j| job(&q, j))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         match self {
             Producer::Redis(b, _) => b.publish_jobs(batch).await?,
             Producer::Postgres(r, _) => r.publish_jobs(batch).await?,
@@ -166,7 +171,11 @@ impl Producer {
 
 /// The handler: the hook decides, a planned failure is retried at once.
 async fn run(job: &BenchJob, Data(hook): Data<Arc<Hook>>) -> Result<(), PlannedFailure> {
-    if hook.run(job) { Ok(()) } else { Err(PlannedFailure) }
+    if hook.run(job) {
+        Ok(())
+    } else {
+        Err(PlannedFailure)
+    }
 }
 
 fn mount<B: Broker>(b: &mut RouteBuilder<B>, queue: &str)
