@@ -98,6 +98,12 @@ impl Workers {
         log: &Path,
     ) -> anyhow::Result<Self> {
         let exe = std::env::current_exe()?;
+        if exe.to_string_lossy().ends_with(" (deleted)") || !exe.exists() {
+            anyhow::bail!(
+                "this benchmark binary was rebuilt or removed while it ran ({}): start the run again",
+                exe.display()
+            );
+        }
         let mut children = Vec::new();
         let mut reports = Vec::new();
         for _ in 0..n {
