@@ -68,14 +68,6 @@ struct AckReq {
     reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
 }
 
-/// The same error again, for every delivery of a failed batch.
-fn same_err(e: &BrokerError) -> BrokerError {
-    match e {
-        BrokerError::Connection(s) => BrokerError::Connection(s.clone()),
-        other => BrokerError::Backend(other.to_string()),
-    }
-}
-
 /// Acknowledges deliveries in batches: what settled while the previous call ran goes in the
 /// next one (one script call for up to `ACK_BATCH` deliveries, each fenced on its own).
 async fn ack_loop(
@@ -100,7 +92,7 @@ async fn ack_loop(
             Err(e) => {
                 let e = conn_err(e);
                 for r in batch.drain(..) {
-                    let _ = r.reply.send(Err(same_err(&e)));
+                    let _ = r.reply.send(Err(e.clone()));
                 }
             }
         }

@@ -137,14 +137,6 @@ fn chunks(n: usize) -> Vec<usize> {
     out
 }
 
-/// The same error again, for every request of a failed batch.
-fn same_err(e: &BrokerError) -> BrokerError {
-    match e {
-        BrokerError::Connection(s) => BrokerError::Connection(s.clone()),
-        other => BrokerError::Backend(other.to_string()),
-    }
-}
-
 impl IdValue {
     fn text(&self) -> String {
         match self {
@@ -401,7 +393,7 @@ macro_rules! impl_for {
                         Err(e) => {
                             let e = db_err(e);
                             for r in batch.drain(..) {
-                                let _ = r.reply.send(Err(same_err(&e)));
+                                let _ = r.reply.send(Err(e.clone()));
                             }
                         }
                     }

@@ -26,7 +26,7 @@ use crate::outcome::Failure;
 
 /// An error of a broker: the server could not be reached, a statement failed, a stored entry
 /// is malformed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum BrokerError {
     /// The server is unreachable or the connection broke; the runtime retries with backoff.
