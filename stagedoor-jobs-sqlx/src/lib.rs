@@ -33,6 +33,7 @@
 //! ```
 
 mod broker;
+mod floor;
 mod headers;
 mod queue;
 mod route;

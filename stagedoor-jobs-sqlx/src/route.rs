@@ -19,6 +19,7 @@ use stagedoor_jobs::inbox::{ColumnType, Table, is_plain_identifier};
 use stagedoor_jobs::{Clock, Envelope, Inbox, Job, JobId};
 
 use crate::broker::{Source, SqlxBroker};
+use crate::floor::{Floors, Plan};
 use crate::headers::HeaderDoc;
 use crate::sql::{CHANNEL, Flavor, P, Statements, Stmt, validate};
 
@@ -86,6 +87,7 @@ pub(crate) struct Vals {
     payload: Vec<u8>,
     enqueued_at: Option<DateTime<Utc>>,
     job_id: Option<String>,
+    floor: Option<DateTime<Utc>>,
 }
 
 /// One row as read back: id, attempt, payload, lease, due, last error, headers, enqueued at.
@@ -154,6 +156,8 @@ struct RouteInner {
     stmts: Result<Arc<Statements>, Vec<String>>,
     dead_tables: Mutex<HashMap<String, Arc<Statements>>>,
     origins: Mutex<HashMap<String, String>>,
+    /// Where each queue's bounded claims start (Postgres).
+    floors: Floors,
 }
 
 /// One job table of a [`SqlxBroker`]: mount subscribers on it, publish into it.
@@ -210,6 +214,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 stmts,
                 dead_tables: Mutex::new(HashMap::new()),
                 origins: Mutex::new(HashMap::new()),
+                floors: Floors::default(),
             }),
             _row: PhantomData,
         }
@@ -422,6 +427,7 @@ macro_rules! impl_for {
                     },
                     P::EnqueuedAt => q.bind(v.enqueued_at),
                     P::JobId => q.bind(v.job_id.clone()),
+                    P::Floor => q.bind(v.floor),
                 }
             }
 
@@ -475,6 +481,19 @@ macro_rules! impl_for {
                 pub(crate) async fn fetch(&self, stmts: &Statements, stmt: &Stmt, v: &Vals) -> Result<Vec<RowRead>, BrokerError> {
                     let rows = query(stmt, v, &stmts.table).fetch_all(self.pool()?).await.map_err(db_err)?;
                     rows.iter().map(|r| read(r, &stmts.table).map_err(db_err)).collect()
+                }
+
+                /// When the next row of `queue` becomes claimable; above the floor only when the
+                /// claim just made looked only there (rows below wait for the next full claim).
+                pub(crate) async fn next_due_from(&self, stmts: &Statements, queue: &str, plan: Plan) -> Option<DateTime<Utc>> {
+                    match plan {
+                        Plan::From(floor) if !Statements::lacks(&stmts.next_due_from) => {
+                            let v = Vals { group: Some(queue.to_owned()), floor: Some(floor), ..Vals::default() };
+                            let row = query(&stmts.next_due_from, &v, &stmts.table).fetch_one(self.pool().ok()?).await.ok()?;
+                            row.try_get::<Option<DateTime<Utc>>, _>(0).ok().flatten()
+                        }
+                        _ => Broker::next_due(self, queue).await,
+                    }
                 }
 
                 pub(crate) fn encode_job(&self, queue: &str, envelope: &Envelope, at: Option<DateTime<Utc>>) -> Result<Vals, BrokerError> {
@@ -879,13 +898,16 @@ macro_rules! impl_broker {
                     if !quiet {
                     let now = self.broker.now();
                     let lease = now + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
+                    let plan = if Statements::lacks(&stmts.claim_from) { Plan::Full } else { self.inner.floors.plan(queue) };
                     let v = Vals {
                         new_lease: Some(lease),
                         group: Some(queue.to_owned()),
                         now: Some(now),
                         limit: i64::try_from(max).unwrap_or(i64::MAX),
+                        floor: match plan { Plan::From(f) => Some(f), Plan::Full => None },
                         ..Vals::default()
                     };
+                    let started = tokio::time::Instant::now();
                     let rows = if stmts.table.fifo && <$db as sealed::Sealed>::FLAVOR == Flavor::Postgres {
                         // One row per group in work: claims of a FIFO group are serialised by a
                         // transaction-scoped advisory lock (SKIP LOCKED alone would let a second
@@ -900,8 +922,22 @@ macro_rules! impl_broker {
                         tx.commit().await.map_err(db_err)?;
                         rows.iter().map(|r| $module::read(r, &stmts.table).map_err(db_err)).collect::<Result<Vec<_>, _>>()?
                     } else {
-                        self.fetch(&stmts, &stmts.claim, &v).await?
+                        let stmt = match plan { Plan::From(_) => &stmts.claim_from, Plan::Full => &stmts.claim };
+                        self.fetch(&stmts, stmt, &v).await?
                     };
+                    if rows.len() > max {
+                        // Never seen since the claim locks its batch in a materialized CTE; if a
+                        // database does it anyway, the runtime keeps the extra deliveries (they
+                        // are leased) and says so.
+                        tracing::error!(queue, asked = max, got = rows.len(), table = stmts.table.name, "the claim returned more rows than it asked for");
+                    }
+                    if !Statements::lacks(&stmts.claim_from) {
+                        let earliest = rows.iter().filter_map(|r| r.due).min();
+                        match plan {
+                            Plan::Full => self.inner.floors.after_full(queue, earliest, now, started.elapsed()),
+                            Plan::From(_) => self.inner.floors.after_bounded(queue, earliest),
+                        }
+                    }
                     if !rows.is_empty() {
                         let mut out = Vec::with_capacity(rows.len());
                         for r in rows {
@@ -919,7 +955,7 @@ macro_rules! impl_broker {
                     // Empty: look again at the next due time or after the poll interval. A row
                     // due already but not claimable (its FIFO group is busy) waits for a wake-up
                     // or the poll; one that became due just now is looked for once more at once.
-                    let next = self.next_due(queue).await;
+                    let next = self.next_due_from(&stmts, queue, plan).await;
                     let mut until = tokio::time::Instant::now() + self.broker.poll;
                     if let Some(t) = next {
                         match (t - self.broker.now()).to_std() {
@@ -953,6 +989,7 @@ macro_rules! impl_broker {
                         _ = notified => {}
                         _ = clock_changed => {
                             self.inner.idle.lock().expect("idle lock").remove(queue);
+                            self.inner.floors.reset(queue);
                         }
                         _ = tokio::time::sleep(nap) => {}
                     }

@@ -42,6 +42,8 @@ pub(crate) enum P {
     EnqueuedAt,
     /// The job id (a text id column).
     JobId,
+    /// The lowest due time a bounded claim looks at (see [`Statements::claim_from`]).
+    Floor,
 }
 
 /// One statement and the values it binds, in order.
@@ -83,6 +85,14 @@ pub(crate) struct Statements {
     pub(crate) table: Table,
     pub(crate) qualified: String,
     pub(crate) claim: Stmt,
+    /// The claim bounded below by a due time ([`P::Floor`]), so that its index scan starts
+    /// there instead of walking every entry of the group: on Postgres, a table whose dead rows
+    /// cannot be vacuumed (a transaction held open elsewhere pins xmin) keeps an index entry per
+    /// deleted and per updated row, and an unbounded claim visits each of them, every time.
+    /// Empty for a table without a `retry_after` column and for FIFO tables.
+    pub(crate) claim_from: Stmt,
+    /// [`Statements::next_due`] bounded the same way.
+    pub(crate) next_due_from: Stmt,
     pub(crate) renew: Stmt,
     pub(crate) delete_fenced: Stmt,
     pub(crate) retry: Stmt,
@@ -188,9 +198,15 @@ impl Statements {
         };
 
         // Claim: lease and count in one statement; returns the delivery's number (the value
-        // before the increment).
-        let mut claim = Stmt::default();
-        {
+        // before the increment). On Postgres the batch is picked and locked in a `MATERIALIZED`
+        // CTE, which runs once whatever the plan: `WHERE id IN (SELECT .. LIMIT n FOR UPDATE
+        // SKIP LOCKED)` lets the planner pick a nested-loop semi join that runs the subquery
+        // again for every outer row, each run skipping the rows the last one locked, so that the
+        // claim leases far more than `n` rows (seen with statistics that say the table is nearly
+        // empty: a worked-off queue after ANALYZE). SQLite has one writer and computes an
+        // uncorrelated `IN (SELECT ..)` once.
+        let build_claim = |floor: bool| {
+            let mut claim = Stmt::default();
             let lease = claim.p(P::NewLease);
             let g = claim.p(P::Group);
             let now = claim.p(P::Now);
@@ -202,6 +218,10 @@ impl Statements {
             }
             if let Some(d) = &due {
                 cond.push(format!("{d} <= {now}"));
+                if floor {
+                    let f = claim.p(P::Floor);
+                    cond.push(format!("{d} >= {f}"));
+                }
             }
             if let (Some(gc), true) = (&group, table.fifo) {
                 cond.push(format!(
@@ -214,11 +234,6 @@ impl Statements {
                 claim.p(P::Limit)
             };
             let order = due.as_ref().map_or(id.clone(), |d| format!("{d}, {id}"));
-            let skip = if flavor == Flavor::Postgres {
-                " FOR UPDATE SKIP LOCKED"
-            } else {
-                ""
-            };
             let bump = attempt
                 .as_ref()
                 .map_or(String::new(), |a| format!(", {a} = {a} + 1"));
@@ -226,11 +241,27 @@ impl Statements {
                 Some(a) => format!("CAST({a} AS BIGINT) - 1"),
                 None => "CAST(1 AS BIGINT)".to_owned(),
             });
-            claim.sql = format!(
-                "UPDATE {t} SET {locked} = {lease}{bump} WHERE {id} IN (SELECT {id} FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}{skip}) RETURNING {returned}",
+            let pick = format!(
+                "SELECT {id} FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}",
                 cond.join(" AND ")
             );
-        }
+            claim.sql = match flavor {
+                Flavor::Postgres => format!(
+                    "WITH stagedoor_batch AS MATERIALIZED ({pick} FOR UPDATE SKIP LOCKED) UPDATE {t} SET {locked} = {lease}{bump} WHERE {id} IN (SELECT {id} FROM stagedoor_batch) RETURNING {returned}"
+                ),
+                Flavor::Sqlite => format!(
+                    "UPDATE {t} SET {locked} = {lease}{bump} WHERE {id} IN ({pick}) RETURNING {returned}"
+                ),
+            };
+            claim
+        };
+        let claim = build_claim(false);
+        let bounded = flavor == Flavor::Postgres && due.is_some() && !table.fifo;
+        let claim_from = if bounded {
+            build_claim(true)
+        } else {
+            Stmt::default()
+        };
 
         let id_cond = |s: &mut Stmt| -> String {
             let p = s.p(P::Id);
@@ -427,6 +458,15 @@ impl Statements {
             };
             next_due.sql = format!("SELECT MIN({when}) FROM {t} WHERE {gc}");
         }
+        let mut next_due_from = Stmt::default();
+        if let (Some(d), true) = (&due, bounded) {
+            let s = &mut next_due_from;
+            let gc = group_cond(s);
+            let f = s.p(P::Floor);
+            s.sql = format!(
+                "SELECT MIN(CASE WHEN {locked} IS NULL THEN {d} ELSE {locked} END) FROM {t} WHERE {gc} AND {d} >= {f}"
+            );
+        }
 
         let mut delete_by_id = Stmt::default();
         {
@@ -466,6 +506,8 @@ impl Statements {
             table,
             qualified: t,
             claim,
+            claim_from,
+            next_due_from,
             renew,
             delete_fenced,
             retry,

@@ -397,8 +397,8 @@ impl Db for Lite {
 /// A Postgres schema of its own on `DATABASE_URL`.
 #[derive(Clone)]
 pub(crate) struct Pg {
-    url: String,
-    schema: String,
+    pub(crate) url: String,
+    pub(crate) schema: String,
     pool: sqlx::PgPool,
 }
 
