@@ -167,6 +167,22 @@ async fn postgres_claim_never_leases_more_than_it_asked_for_under_any_plan() {
         assert_eq!(counted, 10, "attempts spent under `{settings}`");
         let ids: HashSet<String> = got.iter().map(|d| d.envelope.id().to_string()).collect();
         assert_eq!(ids.len(), 10, "ten different rows under `{settings}`");
+
+        // The next claim starts at the floor the first one set: the bounded statement.
+        let more = route
+            .claim("q", 10, Duration::ZERO)
+            .await
+            .unwrap_or_else(|e| panic!("bounded claim under `{settings}`: {e}"));
+        let leased = count(
+            &db,
+            "SELECT count(*) FROM jobs WHERE locked_until IS NOT NULL",
+        )
+        .await;
+        assert_eq!(more.len(), 10, "bounded deliveries under `{settings}`");
+        assert_eq!(
+            leased, 20,
+            "rows leased after the bounded claim under `{settings}`"
+        );
     }
     assert!(
         trapped.contains(&"") && trapped.contains(&PLANS[1]),
