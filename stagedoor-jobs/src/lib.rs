@@ -48,6 +48,7 @@ mod clock;
 mod envelope;
 mod extract;
 mod handler;
+mod health;
 pub mod inbox;
 mod monitor;
 mod mount;
@@ -57,6 +58,7 @@ mod runtime;
 pub mod schedule;
 mod service;
 mod subscription;
+pub mod supervise;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -73,6 +75,7 @@ pub use clock::Clock;
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt};
 pub use extract::{Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
 pub use handler::{BoxFuture, Handler, HandlerFn};
+pub use health::{Health, LoopState, QueueHealth, ServiceState, TaskHealth};
 pub use inbox::Inbox;
 pub use monitor::DeadLetterAlert;
 pub use mount::{
