@@ -130,8 +130,13 @@ impl Health {
             }
             let why = match q.state {
                 LoopState::BackingOff => format!(
-                    "{} claims failed in a row (last error: {})",
+                    "{} failed claim{} in a row (last error: {})",
                     q.consecutive_failed_claims,
+                    if q.consecutive_failed_claims == 1 {
+                        ""
+                    } else {
+                        "s"
+                    },
                     q.last_error.as_deref().unwrap_or("unknown")
                 ),
                 LoopState::Restarting => format!(
