@@ -1,7 +1,8 @@
 //! Issue 11, no silent stop: the runtime never trusts a broker's answer with a panic, its claim
 //! loops and other tasks are supervised (restarted after a panic, the service failed when one
 //! keeps failing), and `Running::health` tells a supervisor what is going on. Each test wraps
-//! the in-memory broker in [`Faulty`], which misbehaves as asked.
+//! the in-memory broker in [`Faulty`], which misbehaves as asked; the last one checks that the
+//! SQL backend starts its acknowledgement task again once it is gone.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -555,4 +556,84 @@ async fn the_metrics_monitor_is_restarted_after_a_panic() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     running.shutdown().await;
+}
+
+/// One row of `acks_jobs`, for the SQL backend's acknowledgement batcher below.
+#[derive(stagedoor_jobs::Inbox)]
+#[inbox(table = "acks_jobs")]
+#[allow(dead_code)]
+struct AckRow {
+    #[field(id, generated)]
+    id: i64,
+    #[field(group)]
+    queue: String,
+    #[field(attempt, generated)]
+    attempt: i16,
+    #[field(retry_after)]
+    retry_after: DateTime<Utc>,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+}
+
+/// The SQL route's acknowledgement task used to be started once and kept in a `OnceLock`: once
+/// it was gone (here: the tokio runtime it ran on shut down; a panic did the same), every later
+/// acknowledgement failed with "the route's acknowledgement task stopped". Now the next
+/// acknowledgement starts a new task.
+#[test]
+fn sql_acknowledgements_outlive_the_task_that_batched_them() {
+    use stagedoor_jobs_sqlx::SqlxBroker;
+    let dir = std::env::temp_dir().join(format!("stagedoor-supervision-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("acks.db");
+    let _ = std::fs::remove_file(&path);
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    let route = SqlxBroker::from_url(url.clone(), sqlx::sqlite::SqlitePoolOptions::new())
+        .route::<AckRow>("acks");
+    // Publishes a job, claims it and acknowledges it, on `rt`.
+    let ack_one = |rt: &tokio::runtime::Runtime, n: u32| {
+        rt.block_on(async {
+            route.publish(Job::new("acks", &n).unwrap()).await.unwrap();
+            let mut got = route
+                .claim("acks", 1, Duration::from_secs(1))
+                .await
+                .unwrap();
+            assert_eq!(got.len(), 1);
+            let d = got.pop().unwrap();
+            let settled = route.settle("acks", &d, Settlement::Ack).await;
+            assert!(matches!(settled, Ok(Settled::Done)), "ack {n}: {settled:?}");
+            let s = route.stats("acks").await.unwrap();
+            assert_eq!((s.ready, s.pending, s.delayed), (0, 0, 0), "ack {n}");
+        })
+    };
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    first.block_on(async {
+        use sqlx::Connection;
+        let mut conn = sqlx::SqliteConnection::connect(&url).await.unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE acks_jobs (id INTEGER PRIMARY KEY, queue TEXT NOT NULL,
+                attempt INTEGER NOT NULL DEFAULT 1,
+                retry_after TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%f+00:00', 'now')),
+                locked_until TEXT, payload BLOB NOT NULL)",
+        )
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        route.connect().await.unwrap();
+    });
+    ack_one(&first, 1);
+    // The acknowledgement task ran on `first`: it ends with it.
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    ack_one(&second, 2);
+    ack_one(&second, 3);
+    drop(second);
+    let _ = std::fs::remove_dir_all(&dir);
 }
