@@ -69,13 +69,16 @@ struct AckReq {
 }
 
 /// Acknowledges deliveries in batches: what settled while the previous call ran goes in the
-/// next one (one script call for up to `ACK_BATCH` deliveries, each fenced on its own).
+/// next one (one script call for up to `ACK_BATCH` deliveries, each fenced on its own). Runs
+/// under `restart_on_panic`: the receiver is shared so that a restarted loop reads the same
+/// channel (a panic fails only the batch it interrupted; the runtime settles those again).
 async fn ack_loop(
     mut c: Conn,
     keys: Keys,
     consumer: String,
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<AckReq>,
+    rx: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<AckReq>>>,
 ) {
+    let mut rx = rx.lock().await;
     let mut batch = Vec::with_capacity(scripts::ACK_BATCH);
     while rx.recv_many(&mut batch, scripts::ACK_BATCH).await > 0 {
         let mut call = scripts::ACK_MANY.key(&keys.stream);
@@ -261,6 +264,36 @@ impl RedisBroker {
     /// Dead-stream entries trimmed away by this process (each trim is also logged).
     pub fn trimmed(&self) -> u64 {
         self.inner.trimmed.load(Ordering::Relaxed)
+    }
+
+    /// The channel to the task that acknowledges `keys`' stream, which is started at the
+    /// stream's first acknowledgement and again whenever it is found stopped (it ran on a tokio
+    /// runtime that has shut down, say): one dead task never makes every later acknowledgement
+    /// fail. A panic inside it restarts it in place.
+    fn ack_sender(&self, c: &Conn, keys: &Keys) -> tokio::sync::mpsc::UnboundedSender<AckReq> {
+        let mut acks = self
+            .inner
+            .acks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(tx) = acks.get(&keys.stream).filter(|tx| !tx.is_closed()) {
+            return tx.clone();
+        }
+        let task = format!("redis acknowledgements of `{}`", keys.stream);
+        if acks.contains_key(&keys.stream) {
+            tracing::error!(task = %task, "the acknowledgement task had stopped: starting it again");
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        let (c, k, consumer) = (c.clone(), keys.clone(), self.inner.consumer.clone());
+        tokio::spawn(async move {
+            stagedoor_jobs::supervise::restart_on_panic(&task, || {
+                ack_loop(c.clone(), k.clone(), consumer.clone(), Arc::clone(&rx))
+            })
+            .await
+        });
+        acks.insert(keys.stream.clone(), tx.clone());
+        tx
     }
 
     fn keys(&self, name: &str) -> Keys {
@@ -744,27 +777,30 @@ impl Broker for RedisBroker {
         let mut c = self.conn()?;
         let done = match settlement {
             Settlement::Ack | Settlement::Drop => {
-                let tx = {
-                    let mut acks = self.inner.acks.lock().expect("acks lock");
-                    acks.entry(keys.stream.clone())
-                        .or_insert_with(|| {
-                            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                            let consumer = self.inner.consumer.clone();
-                            tokio::spawn(ack_loop(c.clone(), keys.clone(), consumer, rx));
-                            tx
-                        })
-                        .clone()
-                };
                 let (reply, answer) = tokio::sync::oneshot::channel();
                 let stopped =
                     || BrokerError::Connection("the acknowledgement task stopped".to_owned());
-                tx.send(AckReq {
+                let mut req = AckReq {
                     id: r.id.clone(),
                     deliveries: r.deliveries,
                     job,
                     reply,
-                })
-                .map_err(|_| stopped())?;
+                };
+                // A send fails only if the task stopped since `ack_sender` looked: the second
+                // look starts it again.
+                let mut sent = false;
+                for _ in 0..2 {
+                    match self.ack_sender(&c, &keys).send(req) {
+                        Ok(()) => {
+                            sent = true;
+                            break;
+                        }
+                        Err(e) => req = e.0,
+                    }
+                }
+                if !sent {
+                    return Err(stopped());
+                }
                 answer.await.map_err(|_| stopped())??
             }
             Settlement::Retry { delay, .. } => {

@@ -149,8 +149,9 @@ impl IdValue {
 }
 
 struct RouteInner {
-    /// The batched deletes of acknowledged rows (started at the first acknowledgement).
-    acks: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<AckReq>>,
+    /// The batched deletes of acknowledged rows: the channel to their task, started at the
+    /// first acknowledgement and again whenever it is found stopped (see `ack_sender`).
+    acks: Mutex<Option<tokio::sync::mpsc::UnboundedSender<AckReq>>>,
     table: Table,
     idle: Mutex<HashMap<String, Idle>>,
     stmts: Result<Arc<Statements>, Vec<String>>,
@@ -208,7 +209,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             broker,
             default_group: Arc::from(group),
             inner: Arc::new(RouteInner {
-                acks: std::sync::OnceLock::new(),
+                acks: Mutex::new(None),
                 table,
                 idle: Mutex::new(HashMap::new()),
                 stmts,
@@ -372,8 +373,12 @@ macro_rules! impl_for {
 
             /// Deletes acknowledged rows in batches: whatever queued while the previous delete
             /// ran goes in the next one (one statement and one commit for many jobs). Each row
-            /// stays fenced on its lease; a row whose lease was lost is reported as such.
-            pub(crate) async fn ack_loop(pool: sqlx::Pool<$db>, stmts: Arc<Statements>, mut rx: tokio::sync::mpsc::UnboundedReceiver<AckReq>) {
+            /// stays fenced on its lease; a row whose lease was lost is reported as such. Runs
+            /// under `restart_on_panic`: the receiver is shared so that a restarted loop reads
+            /// the same channel (a panic fails only the batch it interrupted; the runtime
+            /// settles those again).
+            pub(crate) async fn ack_loop(pool: sqlx::Pool<$db>, stmts: Arc<Statements>, rx: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<AckReq>>>) {
+                let mut rx = rx.lock().await;
                 let mut batch = Vec::with_capacity(ACK_BATCH);
                 while rx.recv_many(&mut batch, ACK_BATCH).await > 0 {
                     let n = bucket(batch.len());
@@ -455,22 +460,45 @@ macro_rules! impl_for {
                 /// Deletes an acknowledged row in the route's next batched delete; `true` when
                 /// the row was still leased to this delivery.
                 pub(crate) async fn ack_batched(&self, id: IdValue, lease: DateTime<Utc>) -> Result<bool, BrokerError> {
-                    let tx = match self.inner.acks.get() {
-                        Some(tx) => tx,
-                        None => {
-                            let pool = self.pool()?.clone();
-                            let stmts = Arc::clone(self.stmts()?);
-                            self.inner.acks.get_or_init(|| {
-                                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                                tokio::spawn(ack_loop(pool, stmts, rx));
-                                tx
-                            })
-                        }
-                    };
                     let (reply, answer) = tokio::sync::oneshot::channel();
                     let stopped = || BrokerError::Connection("the route's acknowledgement task stopped".to_owned());
-                    tx.send(AckReq { id, lease, reply }).map_err(|_| stopped())?;
-                    answer.await.map_err(|_| stopped())?
+                    let mut req = AckReq { id, lease, reply };
+                    // A send fails only if the task stopped since `ack_sender` looked: the
+                    // second look starts it again.
+                    for _ in 0..2 {
+                        match self.ack_sender()?.send(req) {
+                            Ok(()) => return answer.await.map_err(|_| stopped())?,
+                            Err(e) => req = e.0,
+                        }
+                    }
+                    Err(stopped())
+                }
+
+                /// The channel to the acknowledgement task, which is started at the first
+                /// acknowledgement and again whenever it is found stopped (it ran on a tokio
+                /// runtime that has shut down, say): one dead task never makes every later
+                /// acknowledgement fail. A panic inside it restarts it in place.
+                fn ack_sender(&self) -> Result<tokio::sync::mpsc::UnboundedSender<AckReq>, BrokerError> {
+                    let mut slot = self.inner.acks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if let Some(tx) = slot.as_ref().filter(|tx| !tx.is_closed()) {
+                        return Ok(tx.clone());
+                    }
+                    let pool = self.pool()?.clone();
+                    let stmts = Arc::clone(self.stmts()?);
+                    let task = format!("sqlx acknowledgements of `{}`", self.table().name);
+                    if slot.is_some() {
+                        tracing::error!(task = %task, "the acknowledgement task had stopped: starting it again");
+                    }
+                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+                    tokio::spawn(async move {
+                        stagedoor_jobs::supervise::restart_on_panic(&task, || {
+                            ack_loop(pool.clone(), Arc::clone(&stmts), Arc::clone(&rx))
+                        })
+                        .await
+                    });
+                    *slot = Some(tx.clone());
+                    Ok(tx)
                 }
 
                 pub(crate) async fn exec(&self, stmt: &Stmt, v: &Vals) -> Result<u64, BrokerError> {
@@ -650,7 +678,11 @@ impl<Row: Inbox> SqlxRoute<sqlx::Postgres, Row> {
             .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
             let broker = self.broker.clone();
-            tokio::spawn(async move { listen(broker, pool).await });
+            // Restarted after a panic; it returns when the pool closes.
+            tokio::spawn(stagedoor_jobs::supervise::restart_on_panic(
+                "postgres LISTEN",
+                move || listen(broker.clone(), pool.clone()),
+            ));
         }
         Ok(())
     }

@@ -37,6 +37,16 @@
 //!
 //! A failed attempt that reaches `max_attempts` is not retried: the job moves to its dead
 //! letter with everything it had plus the error, traceback, attempts and the time it failed.
+//!
+//! ## No silent stop
+//!
+//! The runtime never trusts a broker's answer with a panic (a claim returning more deliveries
+//! than asked is processed and logged). Each queue's claim loop, the metrics monitor and the
+//! scheduler run [supervised](supervise): a panic is logged at ERROR and the task restarted
+//! with backoff, its running handlers left running; a task that keeps failing
+//! ([`Service::restart_limit`]) stops the service with [`ServiceError::Failed`], which
+//! [`Running::failed`] and `Service::run` report. [`Running::health`] tells a readiness probe
+//! how every queue is doing.
 
 // The macros name `::stagedoor_jobs::__private`; this makes that path work inside this crate.
 #[allow(unused_extern_crates)]
@@ -48,6 +58,7 @@ mod clock;
 mod envelope;
 mod extract;
 mod handler;
+mod health;
 pub mod inbox;
 mod monitor;
 mod mount;
@@ -57,6 +68,7 @@ mod runtime;
 pub mod schedule;
 mod service;
 mod subscription;
+pub mod supervise;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -73,6 +85,7 @@ pub use clock::Clock;
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt};
 pub use extract::{Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
 pub use handler::{BoxFuture, Handler, HandlerFn};
+pub use health::{Health, LoopState, QueueHealth, ServiceState, TaskHealth};
 pub use inbox::Inbox;
 pub use monitor::DeadLetterAlert;
 pub use mount::{

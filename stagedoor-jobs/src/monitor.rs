@@ -14,6 +14,11 @@
 //! | `stagedoor_jobs_queue_delayed` | gauge | queue |
 //! | `stagedoor_jobs_dead_letter_length` | gauge | dead_letter |
 //! | `stagedoor_jobs_dead_trimmed_total` | counter | dead_letter (Redis) |
+//! | `stagedoor_jobs_claim_failures_total` | counter | queue |
+//! | `stagedoor_jobs_queue_healthy` | gauge (1 claiming, 0 not: failed claims, restarting, stopped) | queue |
+//! | `stagedoor_jobs_task_restarts_total` | counter | task (`claim:<queue>`, `monitor`, `scheduler`, a backend's task) |
+//!
+//! The same health, per queue and task, is on [`Running::health`](crate::Running::health).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -2,11 +2,12 @@
 //! renewal and graceful shutdown. Generic over the broker; erased per route for the service.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument;
 
@@ -18,9 +19,11 @@ use crate::clock::Clock;
 use crate::envelope::{Envelope, Job, JobId};
 use crate::extract::{JobContext, State};
 use crate::handler::{BoxFuture, Ran};
+use crate::health::{Board, TaskCell, lock};
 use crate::mount::{MountSpec, OnDecodeError, RouteBuilder};
 use crate::outcome::{Failure, FailureCause, Verdict};
 use crate::panic::CatchPanic;
+use crate::supervise::{RestartLimit, supervise};
 
 /// How long one claim waits for work before the loop checks for shutdown.
 const CLAIM_WAIT: Duration = Duration::from_millis(500);
@@ -46,9 +49,13 @@ pub(crate) struct RunCtx {
     pub(crate) shutdown_timeout: Duration,
     pub(crate) observers: Arc<[Arc<dyn Observer>]>,
     /// Deliveries this service has claimed and not yet finished with (settled or abandoned).
-    pub(crate) in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) in_flight: Arc<AtomicUsize>,
     /// Woken when a job is dead-lettered, so the dead-letter gauges and alert look at once.
     pub(crate) dead_lettered: Arc<tokio::sync::Notify>,
+    /// The health of every supervised task, the service's state and its stop signal.
+    pub(crate) board: Arc<Board>,
+    /// When a failing task stops the service.
+    pub(crate) restart_limit: RestartLimit,
 }
 
 /// A route with its broker type erased. (Some methods serve only the test harness.)
@@ -215,13 +222,18 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
             let mut handles = Vec::new();
             for q in queues {
                 self.broker.prepare(&q.name).await?;
+                let capacity = q.slots + (q.slots / 2).min(MAX_BATCH);
                 let worker = Worker {
                     broker: self.broker.clone(),
                     mounts: Arc::clone(&mounts),
+                    health: ctx.board.queue(&q.name, self.broker.backend()),
                     queue: Arc::new(q),
                     ctx: ctx.clone(),
+                    capacity,
+                    slots: Arc::new(Semaphore::new(capacity)),
+                    running: Mutex::new(JoinSet::new()),
                 };
-                handles.push(tokio::spawn(worker.claim_loop()));
+                handles.push(tokio::spawn(Arc::new(worker).run()));
             }
             Ok(handles)
         })
@@ -295,50 +307,82 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
     }
 }
 
-/// Counts one delivery out of the service's in-flight count when dropped (settled, or its task
-/// aborted at the shutdown deadline).
-struct InFlight(Arc<std::sync::atomic::AtomicUsize>);
+/// Counts one delivery out of the service's in-flight count, and its queue's, when dropped
+/// (settled, or its task aborted at the shutdown deadline).
+struct InFlight([Arc<AtomicUsize>; 2]);
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+impl InFlight {
+    fn new(service: &Arc<AtomicUsize>, queue: &Arc<AtomicUsize>) -> Self {
+        for n in [service, queue] {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
+        Self([Arc::clone(service), Arc::clone(queue)])
     }
 }
 
-/// One claim loop: a queue of one broker.
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            n.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A queue of one broker: its claim loop, supervised, and the deliveries it started.
 struct Worker<B> {
     broker: B,
     mounts: Arc<[MountRt]>,
     queue: Arc<QueueRt>,
     ctx: RunCtx,
+    /// How many deliveries may be in flight: the mounts' concurrency, plus up to half of it
+    /// claimed ahead (at most one claim's worth), so that the next batch is claimed while this
+    /// one settles. A delivery claimed ahead waits for its mount's permit with its lease
+    /// renewed. A queue served one or two at a time claims nothing ahead: a job held behind a
+    /// long handler would wait while other workers idle.
+    capacity: usize,
+    /// One permit per delivery in flight. Never closed: only this worker holds it and nothing
+    /// calls `close` on it.
+    slots: Arc<Semaphore>,
+    /// The deliveries being processed. Held here, not in the claim loop, so that a claim loop
+    /// restarted after a panic leaves them running and a shutdown still waits for them.
+    running: Mutex<JoinSet<()>>,
+    /// What the queue's health reports.
+    health: Arc<TaskCell>,
 }
 
 impl<B: Broker> Worker<B> {
-    async fn claim_loop(self) {
-        let this = Arc::new(self);
-        // Deliveries in flight: the mounts' concurrency, plus up to half of it claimed ahead
-        // (at most one claim's worth), so that the next batch is claimed while this one
-        // settles. A delivery claimed ahead waits for its mount's permit with its lease
-        // renewed. A queue served one or two at a time claims nothing ahead: a job held behind
-        // a long handler would wait while other workers idle.
-        let in_flight = this.queue.slots + (this.queue.slots / 2).min(MAX_BATCH);
-        let slots = Arc::new(Semaphore::new(in_flight));
-        let mut running: JoinSet<()> = JoinSet::new();
-        let mut stop = this.ctx.stop.clone();
-        let mut failures: u32 = 0;
+    /// The claim loop under supervision until the service stops, then the graceful wait for
+    /// the running handlers.
+    async fn run(self: Arc<Self>) {
+        let w = Arc::clone(&self);
+        supervise(
+            Arc::clone(&self.health),
+            Arc::clone(&self.ctx.board),
+            self.ctx.restart_limit,
+            move || Arc::clone(&w).claim_loop(),
+        )
+        .await;
+        self.finish().await;
+    }
+
+    /// Claims while the service runs. Returns when it stops; a panic here is the supervisor's
+    /// to catch and restart.
+    async fn claim_loop(self: Arc<Self>) {
+        let mut stop = self.ctx.stop.clone();
         loop {
             if *stop.borrow() {
-                break;
+                return;
             }
-            while running.try_join_next().is_some() {}
+            self.reap();
             let first = tokio::select! {
-                p = Arc::clone(&slots).acquire_owned() => p.expect("semaphore never closed"),
-                _ = stop.changed() => break,
+                // `slots` is never closed (see its field).
+                p = Arc::clone(&self.slots).acquire_owned() => p.expect("semaphore never closed"),
+                _ = stop.changed() => return,
             };
             let mut permits = vec![first];
-            let want = in_flight.min(MAX_BATCH);
+            let want = self.capacity.min(MAX_BATCH);
             while permits.len() < want {
-                match Arc::clone(&slots).try_acquire_owned() {
+                match Arc::clone(&self.slots).try_acquire_owned() {
                     Ok(p) => permits.push(p),
                     Err(_) => break,
                 }
@@ -346,66 +390,119 @@ impl<B: Broker> Worker<B> {
             if permits.len() < want / 2 {
                 let until = tokio::time::Instant::now() + GATHER;
                 while permits.len() < want {
-                    match tokio::time::timeout_at(until, Arc::clone(&slots).acquire_owned()).await {
+                    match tokio::time::timeout_at(until, Arc::clone(&self.slots).acquire_owned())
+                        .await
+                    {
+                        // `slots` is never closed (see its field).
                         Ok(p) => permits.push(p.expect("semaphore never closed")),
                         Err(_) => break,
                     }
                 }
             }
+            let asked = permits.len();
             // A claim is never cancelled half-way: it waits at most CLAIM_WAIT.
-            match this
-                .broker
-                .claim(&this.queue.name, permits.len(), CLAIM_WAIT)
-                .await
-            {
+            match self.broker.claim(&self.queue.name, asked, CLAIM_WAIT).await {
                 Ok(deliveries) => {
-                    if failures > 0 {
-                        tracing::info!(queue = %this.queue.name, "claiming again after {failures} failed attempts");
-                        failures = 0;
+                    let failed = self.health.claim_ok();
+                    if failed > 0 {
+                        tracing::info!(queue = %self.queue.name, "claiming again after {failed} failed attempts");
                     }
-                    this.ctx
-                        .in_flight
-                        .fetch_add(deliveries.len(), std::sync::atomic::Ordering::SeqCst);
+                    if deliveries.len() > asked {
+                        tracing::error!(
+                            queue = %self.queue.name,
+                            backend = self.broker.backend(),
+                            asked,
+                            got = deliveries.len(),
+                            "the broker returned {} deliveries for a claim of at most {asked}, which breaks its contract: the {} extra are processed all the same (they are leased already)",
+                            deliveries.len(),
+                            deliveries.len() - asked
+                        );
+                    }
                     for d in deliveries {
-                        let permit = permits.pop().expect("no more deliveries than permits");
-                        let w = Arc::clone(&this);
-                        let done = InFlight(Arc::clone(&this.ctx.in_flight));
-                        running.spawn(async move {
-                            w.process(d).await;
-                            drop(permit);
-                            drop(done);
-                        });
+                        // One beyond the claim's permits (a broker returning more than asked)
+                        // takes a free slot if there is one, and runs without one otherwise:
+                        // its handler still waits for its mount's permit.
+                        let permit = permits
+                            .pop()
+                            .or_else(|| Arc::clone(&self.slots).try_acquire_owned().ok());
+                        self.start(d, permit);
                     }
                 }
                 Err(e) => {
-                    failures += 1;
+                    let failures = self.health.claim_failed(&e.to_string());
                     let wait = Duration::from_millis(100u64.saturating_mul(1 << failures.min(6)))
                         .min(Duration::from_secs(5));
-                    tracing::warn!(queue = %this.queue.name, error = %e, "claim failed; retrying in {wait:?}");
+                    tracing::warn!(queue = %self.queue.name, error = %e, "claim failed ({failures} in a row); retrying in {wait:?}");
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => break,
+                        _ = stop.changed() => return,
                     }
                 }
             }
         }
-        // Graceful shutdown: no more claims; running handlers get until the deadline.
-        if !running.is_empty() {
-            let n = running.len();
-            tracing::info!(queue = %this.queue.name, "waiting for {n} running handlers");
-            let all = async { while running.join_next().await.is_some() {} };
-            if tokio::time::timeout(this.ctx.shutdown_timeout, all)
-                .await
-                .is_err()
-            {
-                tracing::warn!(
-                    queue = %this.queue.name,
-                    "{} handlers still running at the shutdown deadline: abandoned, their jobs come back after their lease",
-                    running.len()
-                );
-                running.abort_all();
-                while running.join_next().await.is_some() {}
+    }
+
+    /// Starts processing a claimed delivery, holding `permit` (its slot) until it is settled.
+    fn start(
+        self: &Arc<Self>,
+        delivery: Delivery<B::Receipt>,
+        permit: Option<OwnedSemaphorePermit>,
+    ) {
+        let done = InFlight::new(&self.ctx.in_flight, &self.health.in_flight);
+        let w = Arc::clone(self);
+        lock(&self.running).spawn(async move {
+            w.process(delivery).await;
+            drop(permit);
+            drop(done);
+        });
+    }
+
+    /// Collects the deliveries that are done; one whose task panicked (outside its handler,
+    /// whose panics are caught) is logged.
+    fn reap(&self) {
+        let mut running = lock(&self.running);
+        while let Some(done) = running.try_join_next() {
+            self.log_join(done);
+        }
+    }
+
+    fn log_join(&self, done: Result<(), tokio::task::JoinError>) {
+        if let Err(e) = done
+            && e.is_panic()
+        {
+            let message = crate::panic::panic_message(&*e.into_panic());
+            tracing::error!(
+                queue = %self.queue.name,
+                error = %message,
+                "processing a delivery panicked outside its handler: it is delivered again after its lease"
+            );
+        }
+    }
+
+    /// Graceful shutdown: no more claims; running handlers get until the deadline.
+    async fn finish(&self) {
+        let mut running = std::mem::take(&mut *lock(&self.running));
+        if running.is_empty() {
+            return;
+        }
+        let n = running.len();
+        tracing::info!(queue = %self.queue.name, "waiting for {n} running handlers");
+        let all = async {
+            while let Some(done) = running.join_next().await {
+                self.log_join(done);
             }
+        };
+        if tokio::time::timeout(self.ctx.shutdown_timeout, all)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                queue = %self.queue.name,
+                "{} handlers still running at the shutdown deadline: abandoned, their jobs come back after their lease",
+                running.len()
+            );
+            running.abort_all();
+            while running.join_next().await.is_some() {}
         }
     }
 
@@ -469,6 +566,7 @@ impl<B: Broker> Worker<B> {
             // The lease is renewed from here on, while the delivery waits for a slot of its
             // mount and while its handler runs.
             let run = async {
+                // A mount's permits are never closed: nothing calls `close` on them.
                 let _slot = mount.permits.acquire().await.expect("semaphore never closed");
                 let ctx = Arc::new(JobContext::new(
                     Arc::clone(&self.queue.name),

@@ -349,6 +349,7 @@ impl Schedule {
 }
 
 /// A schedule bound to the route that enqueues its jobs.
+#[derive(Clone)]
 pub(crate) struct Bound {
     pub(crate) schedule: Schedule,
     pub(crate) route: Arc<dyn ErasedRoute>,

@@ -15,11 +15,13 @@ use crate::clock::Clock;
 use crate::envelope::{Job, JobId};
 use crate::extract::State;
 use crate::handler::BoxFuture;
+use crate::health::{Board, Health};
 use crate::monitor::{self, AlertHook, DeadLetterAlert};
 use crate::mount::{OnDecodeError, RouteBuilder};
 use crate::outcome::BoxError;
 use crate::runtime::{ErasedRoute, Observer, RouteRuntime, RunCtx};
 use crate::schedule::{self, Bound, Progress, Schedule};
+use crate::supervise::{RestartLimit, supervise};
 
 /// The application's name and version, for logs and the workers' names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +73,17 @@ pub enum ServiceError {
     /// The test harness cannot run this service as asked.
     #[error("{0}")]
     Harness(String),
+    /// A task of the running service (a queue's claim loop, the monitor, the scheduler) failed
+    /// more often than [`Service::restart_limit`] allows: the service stopped.
+    #[error("the service `{app}` stopped: its task `{task}` kept failing; last error: {error}")]
+    Failed {
+        /// The application.
+        app: String,
+        /// The task: `claim:<queue>`, `monitor` or `scheduler`.
+        task: String,
+        /// Its last error.
+        error: String,
+    },
 }
 
 fn list(problems: &[Problem]) -> String {
@@ -110,6 +123,7 @@ pub struct Service {
     schedules: Vec<Schedule>,
     alert: Option<AlertHook>,
     metrics_interval: Duration,
+    restart_limit: RestartLimit,
 }
 
 impl fmt::Debug for Service {
@@ -136,6 +150,7 @@ impl Service {
             schedules: Vec::new(),
             alert: None,
             metrics_interval: Duration::from_secs(5),
+            restart_limit: RestartLimit::default(),
         }
     }
 
@@ -209,6 +224,21 @@ impl Service {
     /// then is abandoned; its job comes back after its lease.
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// When a long-running task that keeps failing stops the service (default: more than 5
+    /// failures within 60 s). Each queue's claim loop, the metrics monitor and the scheduler run
+    /// supervised: a panic is logged at ERROR and the task restarted after a backoff (100 ms,
+    /// doubling, at most 10 s). A task that fails more than `max_restarts` times within
+    /// `within` is not restarted: the service stops claiming, [`Running::failed`] resolves and
+    /// [`run`](Self::run) returns [`ServiceError::Failed`]. `restart_limit(0, ..)` fails the
+    /// service at the first panic.
+    pub fn restart_limit(mut self, max_restarts: u32, within: Duration) -> Self {
+        self.restart_limit = RestartLimit {
+            max_restarts,
+            within,
+        };
         self
     }
 
@@ -330,7 +360,9 @@ impl Service {
                 }
             }
         }
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let board = Arc::new(Board::new(self.app.name.clone()));
+        let stop_rx = board.stop_signal();
+        let limit = self.restart_limit;
         let in_flight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let dead_lettered = Arc::new(tokio::sync::Notify::new());
         let ctx = RunCtx {
@@ -340,6 +372,8 @@ impl Service {
             stop: stop_rx.clone(),
             shutdown_timeout: self.shutdown_timeout,
             observers: Arc::from(self.observers.clone()),
+            board: Arc::clone(&board),
+            restart_limit: limit,
         };
         let mut tasks = Vec::new();
         for route in &self.routes {
@@ -351,12 +385,25 @@ impl Service {
             })?);
         }
         if !self.routes.is_empty() {
-            tasks.push(tokio::spawn(monitor::run(
+            let (routes, every, alert, stop) = (
                 self.routes.clone(),
                 self.metrics_interval,
-                dead_lettered,
                 self.alert.take(),
                 stop_rx.clone(),
+            );
+            tasks.push(tokio::spawn(supervise(
+                board.task("monitor"),
+                Arc::clone(&board),
+                limit,
+                move || {
+                    monitor::run(
+                        routes.clone(),
+                        every,
+                        Arc::clone(&dead_lettered),
+                        alert.clone(),
+                        stop.clone(),
+                    )
+                },
             )));
         }
         let mut progress = None;
@@ -381,18 +428,26 @@ impl Service {
             let (tx, rx) = watch::channel(Progress::default());
             progress = Some(rx);
             let token = format!("{}-{}", self.app.name, uuid::Uuid::now_v7().simple());
-            tasks.push(tokio::spawn(schedule::run(
-                bound,
-                self.clock.clone(),
-                stop_rx.clone(),
-                Arc::new(tx),
-                token,
+            let (clock, stop, tx) = (self.clock.clone(), stop_rx.clone(), Arc::new(tx));
+            tasks.push(tokio::spawn(supervise(
+                board.task("scheduler"),
+                Arc::clone(&board),
+                limit,
+                move || {
+                    schedule::run(
+                        bound.clone(),
+                        clock.clone(),
+                        stop.clone(),
+                        Arc::clone(&tx),
+                        token.clone(),
+                    )
+                },
             )));
         }
         tracing::info!(app = %self.app.name, version = %self.app.version, "service started");
         Ok(Running {
             app: self.app,
-            stop: stop_tx,
+            board,
             tasks,
             routes: self.routes,
             in_flight,
@@ -401,17 +456,31 @@ impl Service {
     }
 
     /// Runs until SIGINT or SIGTERM, then shuts down gracefully: stops claiming and lets running
-    /// handlers finish within the shutdown timeout.
+    /// handlers finish within the shutdown timeout. Returns [`ServiceError::Failed`] (after the
+    /// same graceful stop) if a task of the service fails beyond its
+    /// [`restart_limit`](Self::restart_limit) first.
     pub async fn run(self) -> Result<(), ServiceError> {
         self.run_until(shutdown_signal()).await
     }
 
-    /// Runs until `signal` completes, then shuts down gracefully.
+    /// Runs until `signal` completes, then shuts down gracefully; or until the service fails
+    /// (see [`run`](Self::run)), then returns its error.
     pub async fn run_until(self, signal: impl Future<Output = ()>) -> Result<(), ServiceError> {
         let running = self.start().await?;
-        signal.await;
+        let board = Arc::clone(&running.board);
+        tokio::select! {
+            () = signal => {}
+            _ = board.wait_failed() => {}
+        }
         running.shutdown().await;
-        Ok(())
+        match board.failure() {
+            Some((task, error)) => Err(ServiceError::Failed {
+                app: board.app.clone(),
+                task,
+                error,
+            }),
+            None => Ok(()),
+        }
     }
 }
 
@@ -442,7 +511,7 @@ async fn shutdown_signal() {
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
 pub struct Running {
     app: AppInfo,
-    stop: watch::Sender<bool>,
+    board: Arc<Board>,
     tasks: Vec<JoinHandle<()>>,
     pub(crate) routes: Vec<Arc<dyn ErasedRoute>>,
     pub(crate) in_flight: Arc<std::sync::atomic::AtomicUsize>,
@@ -470,13 +539,45 @@ impl Running {
         route.publish(job).await
     }
 
-    /// Stops claiming, waits for running handlers up to the shutdown timeout, and returns when
-    /// every worker loop has ended.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+    /// The health of every queue's claim loop, of the service's other tasks and of the service
+    /// itself: what a readiness probe reads ([`Health::is_healthy`]).
+    pub fn health(&self) -> Health {
+        self.board.health()
+    }
+
+    /// Resolves when the service has failed: a task failed more often than its
+    /// [`restart_limit`](Service::restart_limit) allows. The service is stopping by itself
+    /// then; [`shutdown`](Self::shutdown) waits for its running handlers. Never resolves for a
+    /// service that does not fail.
+    pub async fn failed(&self) -> ServiceError {
+        let (task, error) = self.board.wait_failed().await;
+        ServiceError::Failed {
+            app: self.app.name.clone(),
+            task,
+            error,
         }
-        tracing::info!(app = %self.app.name, "service stopped");
+    }
+
+    /// Stops claiming, waits for running handlers up to the shutdown timeout, and returns when
+    /// every worker loop has ended. (A service that failed is stopped the same way; its error
+    /// is logged, and [`failed`](Self::failed) or [`health`](Self::health) tell it.)
+    pub async fn shutdown(self) {
+        self.board.stop();
+        for t in self.tasks {
+            if let Err(e) = t.await
+                && e.is_panic()
+            {
+                tracing::error!(app = %self.app.name, "a supervised task panicked outside its supervision: {e}");
+            }
+        }
+        match self.board.failure() {
+            Some((task, error)) => tracing::error!(
+                app = %self.app.name,
+                task,
+                error,
+                "service stopped after a task failed"
+            ),
+            None => tracing::info!(app = %self.app.name, "service stopped"),
+        }
     }
 }

@@ -204,6 +204,11 @@ impl TestApp {
         self.running.as_ref().expect("the TestApp is running")
     }
 
+    /// The running service's health (see [`Running::health`]).
+    pub fn health(&self) -> crate::Health {
+        self.running().health()
+    }
+
     /// Publishes a job as the service's own publisher would.
     pub async fn publish(&self, job: Job) -> Result<JobId, BrokerError> {
         self.running().publish(job).await
