@@ -117,6 +117,7 @@ impl Workers {
                 .args(["--backend", t.backend.name()])
                 .args(["--url", &t.url])
                 .args(["--queue", &t.queue])
+                .args(["--concurrency", &t.concurrency.to_string()])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(err)

@@ -64,6 +64,9 @@ enum Cmd {
         queue: String,
         #[arg(long)]
         fail_once: bool,
+        /// Handlers at once.
+        #[arg(long, default_value_t = common::CONCURRENCY)]
+        concurrency: usize,
     },
     /// One system on one backend, in one process: reset, enqueue N (half one by one, half in
     /// bulk), drain them, print the rates. For checking a driver.
@@ -80,6 +83,9 @@ enum Cmd {
         fail_once: bool,
         #[arg(long, default_value = "bench")]
         queue: String,
+        /// Handlers at once.
+        #[arg(long, default_value_t = common::CONCURRENCY)]
+        concurrency: usize,
     },
 }
 
@@ -184,6 +190,7 @@ async fn main() -> anyhow::Result<()> {
             url,
             queue,
             fail_once,
+            concurrency,
         } => {
             child::run_worker(
                 system,
@@ -191,6 +198,7 @@ async fn main() -> anyhow::Result<()> {
                     backend,
                     url,
                     queue,
+                    concurrency,
                 },
                 fail_once,
             )
@@ -203,6 +211,7 @@ async fn main() -> anyhow::Result<()> {
             n,
             fail_once,
             queue,
+            concurrency,
         } => {
             smoke(
                 system,
@@ -210,6 +219,7 @@ async fn main() -> anyhow::Result<()> {
                     backend,
                     url,
                     queue,
+                    concurrency,
                 },
                 n,
                 fail_once,

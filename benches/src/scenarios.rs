@@ -272,6 +272,7 @@ impl Env {
             backend,
             url,
             queue: "bench".to_owned(),
+            concurrency: crate::common::CONCURRENCY,
         };
         system.reset(&t).await?;
         Ok(t)
