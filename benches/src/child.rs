@@ -117,6 +117,7 @@ impl Workers {
                 .args(["--backend", t.backend.name()])
                 .args(["--url", &t.url])
                 .args(["--queue", &t.queue])
+                .args(["--concurrency", &t.concurrency.to_string()])
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(err)
@@ -176,6 +177,11 @@ impl Workers {
             }
         }
         t
+    }
+
+    /// Jobs completed, summed over the workers (cheaper than [`Workers::total`]).
+    pub fn done(&self) -> u64 {
+        self.reports.iter().map(|r| r.lock().unwrap().done).sum()
     }
 
     /// Resident memory of each worker now and at its peak (KiB), from /proc.

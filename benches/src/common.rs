@@ -61,6 +61,9 @@ pub struct Target {
     pub url: String,
     /// The queue (stream, group, job type) name.
     pub queue: String,
+    /// Handlers a worker process runs at once: [`CONCURRENCY`] unless the scenario says
+    /// otherwise.
+    pub concurrency: usize,
 }
 
 /// What a worker's handler does: call [`Hook::run`] first thing with the decoded job, and
@@ -134,7 +137,8 @@ impl std::fmt::Display for PlannedFailure {
 
 impl std::error::Error for PlannedFailure {}
 
-/// The settings every system's worker gets, the same for each.
+/// The settings every system's worker gets, the same for each. Concurrency: the default of
+/// [`Target::concurrency`] (a scenario may set another, the same for every system).
 pub const CONCURRENCY: usize = 64;
 /// Fetch batch where a system has the knob (the size the raw loops use).
 pub const BATCH: usize = 100;

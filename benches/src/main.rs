@@ -50,6 +50,12 @@ enum Cmd {
         /// Where the results go (`latest.json`, `latest.md`).
         #[arg(long, default_value = "results")]
         out: std::path::PathBuf,
+        /// Offered jobs/s of the pinned-xmin scenario (default 800).
+        #[arg(long)]
+        xmin_rate: Option<u64>,
+        /// Seconds the pinned-xmin scenario holds xmin and produces (default 60).
+        #[arg(long)]
+        xmin_hold: Option<u64>,
     },
     /// A worker process of a measurement (spawned by `run`).
     #[command(hide = true)]
@@ -64,6 +70,9 @@ enum Cmd {
         queue: String,
         #[arg(long)]
         fail_once: bool,
+        /// Handlers at once.
+        #[arg(long, default_value_t = common::CONCURRENCY)]
+        concurrency: usize,
     },
     /// One system on one backend, in one process: reset, enqueue N (half one by one, half in
     /// bulk), drain them, print the rates. For checking a driver.
@@ -80,6 +89,9 @@ enum Cmd {
         fail_once: bool,
         #[arg(long, default_value = "bench")]
         queue: String,
+        /// Handlers at once.
+        #[arg(long, default_value_t = common::CONCURRENCY)]
+        concurrency: usize,
     },
 }
 
@@ -156,12 +168,20 @@ async fn main() -> anyhow::Result<()> {
             redis_url,
             database_url,
             out,
+            xmin_rate,
+            xmin_hold,
         } => {
-            let sizes = if full {
+            let mut sizes = if full {
                 scenarios::Sizes::full()
             } else {
                 scenarios::Sizes::quick()
             };
+            if let Some(r) = xmin_rate {
+                sizes.xmin_rate = r.max(1);
+            }
+            if let Some(h) = xmin_hold {
+                sizes.xmin_hold = Duration::from_secs(h.max(1));
+            }
             run(RunArgs {
                 mode: if full { "full" } else { "quick" },
                 sizes,
@@ -184,6 +204,7 @@ async fn main() -> anyhow::Result<()> {
             url,
             queue,
             fail_once,
+            concurrency,
         } => {
             child::run_worker(
                 system,
@@ -191,6 +212,7 @@ async fn main() -> anyhow::Result<()> {
                     backend,
                     url,
                     queue,
+                    concurrency,
                 },
                 fail_once,
             )
@@ -203,6 +225,7 @@ async fn main() -> anyhow::Result<()> {
             n,
             fail_once,
             queue,
+            concurrency,
         } => {
             smoke(
                 system,
@@ -210,6 +233,7 @@ async fn main() -> anyhow::Result<()> {
                     backend,
                     url,
                     queue,
+                    concurrency,
                 },
                 n,
                 fail_once,
@@ -284,7 +308,15 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
     let total: usize = a
         .scenarios
         .iter()
-        .map(|sc| if *sc == Scenario::Memory { 1 } else { a.repeats } * pairs.len())
+        .map(|sc| {
+            let runs = pairs.iter().filter(|(_, b)| sc.runs_on(*b)).count();
+            let repeats = if *sc == Scenario::Memory {
+                1
+            } else {
+                a.repeats
+            };
+            repeats * runs
+        })
         .sum();
     eprintln!(
         "stagedoor-bench: {} mode, {} measurements ({} systems x backends, {} repeats), machine: {}",
@@ -301,7 +333,26 @@ async fn run(a: RunArgs) -> anyhow::Result<()> {
             if *sc == Scenario::Memory && repeat + 1 != a.repeats {
                 continue;
             }
-            for backend in &a.backends {
+            let skipped: Vec<&str> = a
+                .backends
+                .iter()
+                .filter(|b| !sc.runs_on(**b))
+                .map(|b| b.name())
+                .collect();
+            if repeat == 0 && !skipped.is_empty() {
+                let runs: Vec<&str> = [Backend::Redis, Backend::Postgres, Backend::Sqlite]
+                    .into_iter()
+                    .filter(|b| sc.runs_on(*b))
+                    .map(|b| b.name())
+                    .collect();
+                eprintln!(
+                    "stagedoor-bench: {} runs on {} only; not on {}",
+                    sc.name(),
+                    runs.join(", "),
+                    skipped.join(", ")
+                );
+            }
+            for backend in a.backends.iter().filter(|b| sc.runs_on(**b)) {
                 let mut systems: Vec<System> = a
                     .systems
                     .iter()

@@ -110,6 +110,9 @@ pub fn tables(run: &Run) -> String {
                 }
             }
         }
+        // The scenario's own column order first, then the rest alphabetically.
+        let order = sc.metric_order();
+        metrics.sort_by_key(|k| order.iter().position(|o| o == k).unwrap_or(order.len()));
         out.push_str(&format!(
             "\n### {}: {}\n\n",
             sc.name(),

@@ -33,6 +33,12 @@ pub struct Sizes {
     pub steady_steps: usize,
     /// Backlog of the memory scenario.
     pub memory: u64,
+    /// Offered rate of the pinned-xmin scenario (jobs/s).
+    pub xmin_rate: u64,
+    /// How long the pinned-xmin scenario holds its snapshot and produces.
+    pub xmin_hold: Duration,
+    /// Handlers of the pinned-xmin scenario's worker process.
+    pub xmin_handlers: usize,
     /// The most any one measurement may take (a system that has not finished by then is
     /// reported with what it did, marked capped).
     pub cap: Duration,
@@ -52,6 +58,9 @@ impl Sizes {
             steady_step: Duration::from_secs(1),
             steady_steps: 4,
             memory: 100_000,
+            xmin_rate: 800,
+            xmin_hold: Duration::from_secs(60),
+            xmin_handlers: 32,
             cap: Duration::from_secs(6),
         }
     }
@@ -69,6 +78,9 @@ impl Sizes {
             steady_step: Duration::from_secs(4),
             steady_steps: 6,
             memory: 1_000_000,
+            xmin_rate: 800,
+            xmin_hold: Duration::from_secs(60),
+            xmin_handlers: 32,
             cap: Duration::from_secs(60),
         }
     }
@@ -93,11 +105,13 @@ pub enum Scenario {
     Failure,
     /// Peak memory of a worker draining a big backlog.
     Memory,
+    /// A steady rate while a Postgres session idle in transaction pins xmin (Postgres only).
+    PinnedXmin,
 }
 
 impl Scenario {
     /// Every scenario, in report order.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::EnqueueOne,
         Scenario::EnqueueBulk,
         Scenario::Drain1,
@@ -106,6 +120,7 @@ impl Scenario {
         Scenario::Latency,
         Scenario::Failure,
         Scenario::Memory,
+        Scenario::PinnedXmin,
     ];
 
     /// Short name.
@@ -119,6 +134,7 @@ impl Scenario {
             Scenario::Latency => "latency",
             Scenario::Failure => "failure",
             Scenario::Memory => "memory",
+            Scenario::PinnedXmin => "pinned-xmin",
         }
     }
 
@@ -154,6 +170,40 @@ impl Scenario {
                 s.failure
             ),
             Scenario::Memory => format!("one worker draining a backlog of {} jobs", s.memory),
+            Scenario::PinnedXmin => format!(
+                "a session idle in transaction (REPEATABLE READ, `txid_current()`) pins xmin on \
+                 the system's database for {} s while producers offer {} jobs/s to 1 worker \
+                 process with {} handlers: completions/s and % of what was offered over the \
+                 window, backlog (published − completed) at its end and its max, publish to \
+                 handler start of the jobs started in the window. Postgres only (the pin is a \
+                 Postgres snapshot; Redis and SQLite are not run)",
+                s.xmin_hold.as_secs_f64(),
+                s.xmin_rate,
+                s.xmin_handlers
+            ),
+        }
+    }
+
+    /// Whether the scenario runs on `b`.
+    pub fn runs_on(self, b: Backend) -> bool {
+        match self {
+            Scenario::PinnedXmin => b == Backend::Postgres,
+            _ => true,
+        }
+    }
+
+    /// The order of the table's metric columns, where it is not alphabetical.
+    pub fn metric_order(self) -> &'static [&'static str] {
+        match self {
+            Scenario::PinnedXmin => &[
+                "jobs/s",
+                "% offered",
+                "backlog",
+                "max backlog",
+                "p50 ms",
+                "p99 ms",
+            ],
+            _ => &[],
         }
     }
 }
@@ -272,6 +322,7 @@ impl Env {
             backend,
             url,
             queue: "bench".to_owned(),
+            concurrency: crate::common::CONCURRENCY,
         };
         system.reset(&t).await?;
         Ok(t)
@@ -445,6 +496,7 @@ pub async fn measure(
             Ok(f.noted(note))
         }
         Scenario::Steady => steady(env, system, &t, hint).await,
+        Scenario::PinnedXmin => pinned_xmin(env, system, &t).await,
         Scenario::Latency => {
             let w = Workers::spawn(system, &t, 1, false, &env.log())?;
             let mut p = system.producer(&t).await?;
@@ -573,4 +625,167 @@ async fn steady(
     };
     let f = best.map_or_else(Figures::default, |b| Figures::one("jobs/s", b));
     Ok(f.noted(note))
+}
+
+/// Producers of the pinned-xmin scenario for a system without bulk enqueue (one call per job).
+const XMIN_PRODUCERS: usize = 4;
+
+/// How long the pinned-xmin scenario waits, after the rollback, for the backlog to drain.
+const XMIN_DRAIN: Duration = Duration::from_secs(5);
+
+/// Postgres, vacuumed; a worker process at `xmin_handlers`; one warm-up job; then a session
+/// takes a snapshot and an xid and stays idle in transaction while producers offer `xmin_rate`
+/// jobs/s (paced like the steady scenario: every 10 ms what is due, in one bulk call where the
+/// system has one, else one call per job spread over [`XMIN_PRODUCERS`]) for `xmin_hold`. The
+/// backlog is sampled every 100 ms. Then the session rolls back and the backlog gets
+/// [`XMIN_DRAIN`] to drain (a note when it does not).
+async fn pinned_xmin(env: &Env, system: System, t: &Target) -> anyhow::Result<Figures> {
+    use sqlx::Connection;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let s = &env.sizes;
+    if !Scenario::PinnedXmin.runs_on(t.backend) {
+        return Ok(Figures::default().noted(Some("Postgres only".to_owned())));
+    }
+    let t = Target {
+        concurrency: s.xmin_handlers,
+        ..t.clone()
+    };
+    // No dead rows left by the measurements before this one.
+    let mut admin = sqlx::PgConnection::connect(&t.url).await?;
+    sqlx::raw_sql("VACUUM").execute(&mut admin).await?;
+    let w = Workers::spawn(system, &t, 1, false, &env.log())?;
+    let n_producers = if system.has_bulk() { 1 } else { XMIN_PRODUCERS };
+    let mut producers = Vec::new();
+    for _ in 0..n_producers {
+        producers.push(system.producer(&t).await?);
+    }
+    if let Some(f) = warm_up(&w, &mut producers[0], s.cap).await {
+        w.stop().await;
+        return Ok(f);
+    }
+
+    // The pin: an xid and a transaction snapshot, then idle in transaction.
+    let mut pin = sqlx::PgConnection::connect(&t.url).await?;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut pin)
+        .await?;
+    sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT txid_current()")
+        .execute(&mut pin)
+        .await?;
+    let pinned = "SELECT backend_xmin IS NOT NULL AND state = 'idle in transaction' \
+        FROM pg_stat_activity WHERE pid = $1";
+    let held: Option<bool> = sqlx::query_scalar(pinned)
+        .bind(pid)
+        .fetch_optional(&mut admin)
+        .await?;
+    anyhow::ensure!(
+        held == Some(true),
+        "the pinning session (pid {pid}) holds no xmin"
+    );
+
+    let before = w.total();
+    let (done0, lat0) = (before.done, before.latencies.len());
+    let published = AtomicU64::new(1);
+    let next = AtomicU64::new(1);
+    let max_backlog = AtomicU64::new(0);
+    let per = s.xmin_rate as f64 / n_producers as f64;
+    let has_bulk = system.has_bulk();
+    let start = tokio::time::Instant::now();
+    let end = start + s.xmin_hold;
+    let (published_ref, next_ref) = (&published, &next);
+    let produce = futures::future::try_join_all(producers.iter_mut().map(|p| async move {
+        let mut sent = 0u64;
+        let mut tick = 0u32;
+        loop {
+            tick += 1;
+            let at = start + Duration::from_millis(10) * tick;
+            if at > end {
+                return anyhow::Ok(());
+            }
+            tokio::time::sleep_until(at).await;
+            let due = (per * start.elapsed().min(s.xmin_hold).as_secs_f64()) as u64;
+            if due <= sent {
+                continue;
+            }
+            let k = due - sent;
+            let first = next_ref.fetch_add(k, Relaxed);
+            if has_bulk {
+                let ts = now_ns();
+                let batch: Vec<BenchJob> = (first..first + k).map(|i| BenchJob { i, ts }).collect();
+                for chunk in batch.chunks(s.bulk_batch) {
+                    p.bulk(chunk).await?;
+                    published_ref.fetch_add(chunk.len() as u64, Relaxed);
+                }
+            } else {
+                for i in first..first + k {
+                    p.one(BenchJob { i, ts: now_ns() }).await?;
+                    published_ref.fetch_add(1, Relaxed);
+                }
+            }
+            sent = due;
+        }
+    }));
+    let sample = async {
+        while tokio::time::Instant::now() < end {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let backlog = published.load(Relaxed).saturating_sub(w.done());
+            max_backlog.fetch_max(backlog, Relaxed);
+        }
+    };
+    let (produced, ()) = futures::future::join(produce, sample).await;
+    let window = start.elapsed().as_secs_f64();
+    let r = w.total();
+    let published = published.load(Relaxed);
+
+    // Still pinned at the end? Then release it.
+    let held: Option<bool> = sqlx::query_scalar(pinned)
+        .bind(pid)
+        .fetch_optional(&mut admin)
+        .await?;
+    sqlx::raw_sql("ROLLBACK").execute(&mut pin).await?;
+    pin.close().await?;
+    admin.close().await?;
+    if let Err(e) = produced {
+        w.stop().await;
+        return Err(e.context("producing while xmin was pinned"));
+    }
+    let drained = wait_done(&w, published, Instant::now() + XMIN_DRAIN).await;
+    w.stop().await;
+
+    let mut notes = Vec::new();
+    if let Some(e) = &r.error {
+        notes.push(format!("stopped: {e}"));
+    }
+    if held != Some(true) {
+        notes.push("the pin was lost before the end".to_owned());
+    }
+    let offered = (published - 1) as f64;
+    if offered < s.xmin_rate as f64 * window * 0.9 {
+        notes.push(format!(
+            "producer reached {:.0} of {}/s",
+            offered / window,
+            s.xmin_rate
+        ));
+    }
+    if drained.done < published && drained.error.is_none() {
+        notes.push(format!(
+            "not drained {} s after the rollback",
+            XMIN_DRAIN.as_secs()
+        ));
+    }
+    let completed = r.done.saturating_sub(done0) as f64;
+    let backlog = published.saturating_sub(r.done);
+    let mut f = Figures::one("jobs/s", completed / window)
+        .with("% offered", 100.0 * completed / offered.max(1.0))
+        .with("backlog", backlog as f64)
+        .with("max backlog", max_backlog.load(Relaxed).max(backlog) as f64);
+    let mut l = r.latencies.get(lat0..).unwrap_or_default().to_vec();
+    if l.is_empty() {
+        notes.push("no job started in the window".to_owned());
+    } else {
+        l.sort_unstable();
+        let q = |p: f64| l[((l.len() as f64 * p) as usize).min(l.len() - 1)] as f64 / 1e6;
+        f = f.with("p50 ms", q(0.5)).with("p99 ms", q(0.99));
+    }
+    Ok(f.noted((!notes.is_empty()).then(|| notes.join("; "))))
 }

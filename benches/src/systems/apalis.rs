@@ -6,7 +6,7 @@
 //! Knobs: `batch_size(BATCH)` on each backend's `Config`; `poll_with_interval(50 ms)` on each
 //! backend (Postgres also listens with `with_pubsub()`, apalis's LISTEN/NOTIFY wake-up; SQLite's
 //! update-hook wake-up only sees writes from its own pool, so it is of no use across processes);
-//! `concurrency(CONCURRENCY)`; `RetryPolicy::retries(2)`, which retries a failed run at once, in
+//! `concurrency` the target's (`CONCURRENCY` unless the scenario sets it); `RetryPolicy::retries(2)`, which retries a failed run at once, in
 //! the worker, and `max_attempts(3)` on every task so that the SQL backends do not run a job
 //! again after its third failure (apalis-redis ignores `max_attempts`: its Lua script hardcodes
 //! 25). Everything else keeps apalis's defaults (task locking and result persistence on).
@@ -24,7 +24,7 @@ use apalis_redis::RedisStorage;
 use apalis_sqlite::{SqlitePool, SqliteStorage};
 use futures::stream;
 
-use crate::common::{BATCH, Backend, BenchJob, CONCURRENCY, Hook, PlannedFailure, Target, now_ns};
+use crate::common::{BATCH, Backend, BenchJob, Hook, PlannedFailure, Target, now_ns};
 
 /// Redis, Postgres and SQLite: the three persistent backends apalis 1.0 publishes.
 pub fn supports(b: Backend) -> bool {
@@ -169,14 +169,14 @@ fn worker_name() -> String {
     )
 }
 
-/// Builds the worker on `$backend` and runs it: `CONCURRENCY` tasks at once, each spawned on
+/// Builds the worker on `$backend` and runs it: `$concurrency` tasks at once, each spawned on
 /// the runtime, a failed run retried at once up to `MAX_ATTEMPTS` runs in all.
 macro_rules! run_worker {
-    ($backend:expr, $hook:expr) => {
+    ($backend:expr, $hook:expr, $concurrency:expr) => {
         WorkerBuilder::new(worker_name())
             .backend($backend)
             .data($hook)
-            .concurrency(CONCURRENCY)
+            .concurrency($concurrency)
             .parallelize(tokio::spawn)
             .retry(RetryPolicy::retries(MAX_ATTEMPTS - 1))
             .build(handle)
@@ -195,7 +195,7 @@ pub async fn work(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
             let storage = RedisStorage::<BenchJob>::new(conn)
                 .with_config(redis_config(t))
                 .poll_with_interval(POLL_INTERVAL);
-            run_worker!(storage, hook)?;
+            run_worker!(storage, hook, t.concurrency)?;
         }
         Backend::Postgres => {
             let pool = PgPool::connect(&t.url).await?;
@@ -203,14 +203,14 @@ pub async fn work(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
                 .with_config(postgres_config(t))
                 .with_pubsub()
                 .poll_with_interval(POLL_INTERVAL);
-            run_worker!(storage, hook)?;
+            run_worker!(storage, hook, t.concurrency)?;
         }
         Backend::Sqlite => {
             let pool = SqlitePool::connect(&t.url).await?;
             let storage = SqliteStorage::<BenchJob>::new(&pool)
                 .with_config(sqlite_config(t))
                 .poll_with_interval(POLL_INTERVAL);
-            run_worker!(storage, hook)?;
+            run_worker!(storage, hook, t.concurrency)?;
         }
     }
     anyhow::bail!("the apalis worker stopped")

@@ -2,7 +2,7 @@
 //! own public API: `WorkerUtils` enqueues (`add_job`, `add_jobs`) and migrates, `WorkerOptions`
 //! builds the worker, a `TaskHandler` runs the job.
 //!
-//! Knobs: concurrency [`CONCURRENCY`]; LocalQueue on with size [`BATCH`] (graphile's batch
+//! Knobs: concurrency the target's ([`crate::common::CONCURRENCY`] unless the scenario sets it); LocalQueue on with size [`BATCH`] (graphile's batch
 //! fetch; without it each job slot fetches one job per poll tick or notification); poll interval
 //! 50 ms on top of LISTEN/NOTIFY (`jobs:insert`, on by default); `max_attempts` 3 per job. The
 //! worker's pool is graphile's own (`database_url`, default 20 connections).
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::common::{BATCH, Backend, BenchJob, CONCURRENCY, Hook, PlannedFailure, Target};
+use crate::common::{BATCH, Backend, BenchJob, Hook, PlannedFailure, Target};
 
 /// graphile_worker's schema (its default).
 const SCHEMA: &str = "graphile_worker";
@@ -140,7 +140,7 @@ pub async fn work(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
     let worker = WorkerOptions::default()
         .database_url(&t.url)
         .schema(SCHEMA)
-        .concurrency(CONCURRENCY)
+        .concurrency(t.concurrency)
         .poll_interval(POLL_INTERVAL)
         .local_queue(LocalQueueConfig::default().with_size(BATCH))
         .listen_os_shutdown_signals(false)

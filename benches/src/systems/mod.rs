@@ -13,8 +13,9 @@
 //! pub async fn work(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()>;   // runs until killed
 //! ```
 //!
-//! A worker runs `CONCURRENCY` jobs at once, fetches `BATCH` at a time where the system has
-//! that knob, polls at most every 50 ms where it polls, and retries a failed job right away
+//! A worker runs [`Target::concurrency`] jobs at once (`CONCURRENCY` unless the scenario sets
+//! another; the raw loops run one batch at a time), fetches `BATCH` at a time where the system
+//! has that knob, polls at most every 50 ms where it polls, and retries a failed job right away
 //! (or after the shortest delay the system allows), up to 3 attempts.
 
 pub mod apalis;

@@ -16,7 +16,8 @@
 //! on a stream the runtime appends a copy carrying its retry count and acks the original. A job
 //! that fails its third attempt moves to the `<queue>.dead` group (inbox) or stream (Redis).
 //!
-//! Knobs: `workers(CONCURRENCY)` everywhere. The inbox table is in the lease form on both SQL
+//! Knobs: `workers(n)` everywhere, n the target's concurrency (`CONCURRENCY` unless the
+//! scenario sets it). The inbox table is in the lease form on both SQL
 //! backends (a claim writes the lease and commits, so a job in work holds no connection and four
 //! worker processes fit Postgres's connection limit); a single-message handler claims a row per
 //! free worker (on SQLite one claim serves every free worker), and a claim that comes back short
@@ -34,13 +35,12 @@ use ruststream::prelude::{Context, Handle, HandlerOutcome, Outgoing, PublishExt}
 use ruststream::runtime::RunningApp;
 use serde::Serialize;
 
-use crate::common::{Backend, BenchJob, CONCURRENCY, Hook, Target};
+use crate::common::{Backend, BenchJob, Hook, Target};
 
-/// Handlers in work at once.
-const WORKERS: NonZeroUsize = match NonZeroUsize::new(CONCURRENCY) {
-    Some(workers) => workers,
-    None => panic!("CONCURRENCY is at least one"),
-};
+/// Handlers in work at once: the target's concurrency (at least one).
+fn workers(t: &Target) -> NonZeroUsize {
+    NonZeroUsize::new(t.concurrency).unwrap_or(NonZeroUsize::MIN)
+}
 
 /// How long an inbox subscription waits after a claim that found fewer rows than it asked for.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -253,7 +253,7 @@ mod sqlite {
     use sqlx::{Connection, Sqlite, SqliteConnection};
 
     use super::inbox::Job;
-    use super::{POLL_INTERVAL, RunJob, WORKERS, dead_letter};
+    use super::{POLL_INTERVAL, RunJob, dead_letter, workers};
     use crate::common::{Hook, Target};
 
     /// The producer's live publisher: a publish is an insert into [`Job`]'s table.
@@ -304,11 +304,12 @@ mod sqlite {
             .poll_interval(POLL_INTERVAL);
         let queue = t.queue.clone();
         let dead = dead_letter(t);
+        let n = workers(t);
         RustStream::new(AppInfo::new("bench-worker", "0.1.0"))
             .with_broker(broker, |b| {
                 let run = subscriber(queue.clone(), RunJob { hook })
                     .map_source(move |_| InboxQueue::<Job>::new(queue))
-                    .workers(WORKERS);
+                    .workers(n);
                 b.include(run.build())
                     .max_attempts(nonzero!(3u32))
                     .dead_letter(dead);
@@ -331,7 +332,7 @@ mod postgres {
     use sqlx::{Connection, PgConnection, Postgres};
 
     use super::inbox::Job;
-    use super::{LISTEN_NOTIFY, PG_POOL, POLL_INTERVAL, RunJob, WORKERS, dead_letter};
+    use super::{LISTEN_NOTIFY, PG_POOL, POLL_INTERVAL, RunJob, dead_letter, workers};
     use crate::common::{Hook, Target};
 
     /// The producer's live publisher: a publish is an insert into [`Job`]'s table.
@@ -392,11 +393,12 @@ mod postgres {
         let broker = broker(t, pool)?.poll_interval(POLL_INTERVAL);
         let queue = t.queue.clone();
         let dead = dead_letter(t);
+        let n = workers(t);
         RustStream::new(AppInfo::new("bench-worker", "0.1.0"))
             .with_broker(broker, |b| {
                 let run = subscriber(queue.clone(), RunJob { hook })
                     .map_source(move |_| InboxQueue::<Job>::new(queue))
-                    .workers(WORKERS);
+                    .workers(n);
                 b.include(run.build())
                     .max_attempts(nonzero!(3u32))
                     .dead_letter(dead);
@@ -415,7 +417,7 @@ mod redis {
     use ruststream_fred::RedisPublisher;
     use ruststream_fred::stream::prelude::*;
 
-    use super::{RunJob, WORKERS, dead_letter};
+    use super::{RunJob, dead_letter, workers};
     use crate::common::{Hook, Target};
 
     /// The producer's live publisher: a publish is an `XADD` to the stream it names.
@@ -445,9 +447,10 @@ mod redis {
             .consumer(format!("bench-{}", std::process::id()))
             .start_id(StreamStart::Beginning);
         let dead = dead_letter(t);
+        let n = workers(t);
         RustStream::new(AppInfo::new("bench-worker", "0.1.0"))
             .with_broker(RedisBroker::standalone(t.url.clone()), |b| {
-                let run = subscriber(stream, RunJob { hook }).workers(WORKERS);
+                let run = subscriber(stream, RunJob { hook }).workers(n);
                 b.include(run.build())
                     .max_attempts(nonzero!(3u32))
                     .dead_letter(dead);

@@ -10,7 +10,7 @@ use stagedoor_jobs::{Inbox, RouteBuilder};
 use stagedoor_jobs_redis::RedisBroker;
 use stagedoor_jobs_sqlx::{SqlxBroker, SqlxRoute};
 
-use crate::common::{Backend, BenchJob, CONCURRENCY, Hook, PlannedFailure, Target};
+use crate::common::{Backend, BenchJob, Hook, PlannedFailure, Target};
 
 /// Every backend.
 pub fn supports(_b: Backend) -> bool {
@@ -178,7 +178,7 @@ async fn run(job: &BenchJob, Data(hook): Data<Arc<Hook>>) -> Result<(), PlannedF
     }
 }
 
-fn mount<B: Broker>(b: &mut RouteBuilder<B>, queue: &str)
+fn mount<B: Broker>(b: &mut RouteBuilder<B>, queue: &str, concurrency: usize)
 where
     String: stagedoor_jobs::QueueFor<B>,
 {
@@ -187,17 +187,17 @@ where
         .max_attempts(nonzero!(3u32))
         .dead_letter(dead)
         .backoff(Immediate)
-        .concurrency(CONCURRENCY);
+        .concurrency(concurrency);
 }
 
-/// A service with one subscriber at `CONCURRENCY`, until killed.
+/// A service with one subscriber at the target's concurrency, until killed.
 pub async fn work(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
     let service = Service::new(AppInfo::new("bench", "0.1.0")).state(hook);
-    let q = t.queue.clone();
+    let (q, n) = (t.queue.clone(), t.concurrency);
     let service = match t.backend {
-        Backend::Redis => service.with_broker(RedisBroker::from_url(&t.url), |b| mount(b, &q)),
-        Backend::Postgres => service.with_broker(pg_route(&t.url), |b| mount(b, &q)),
-        Backend::Sqlite => service.with_broker(lite_route(&t.url), |b| mount(b, &q)),
+        Backend::Redis => service.with_broker(RedisBroker::from_url(&t.url), |b| mount(b, &q, n)),
+        Backend::Postgres => service.with_broker(pg_route(&t.url), |b| mount(b, &q, n)),
+        Backend::Sqlite => service.with_broker(lite_route(&t.url), |b| mount(b, &q, n)),
     };
     service.run_until(std::future::pending()).await?;
     Ok(())
