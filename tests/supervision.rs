@@ -38,6 +38,10 @@ struct Faults {
     claims: AtomicU64,
     /// Claims that returned more deliveries than asked.
     oversized: AtomicU64,
+    /// The broker says its lease is zero (its claims still hold the inner broker's lease).
+    zero_lease: bool,
+    /// Renewals asked for so far.
+    renews: AtomicU64,
 }
 
 /// The in-memory broker, misbehaving as its [`Faults`] say.
@@ -96,6 +100,7 @@ impl Broker for Faulty {
         Ok(got)
     }
     async fn renew(&self, queue: &str, receipt: &MemoryReceipt) -> Result<bool, BrokerError> {
+        self.faults.renews.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(queue, receipt).await
     }
     async fn settle(
@@ -164,6 +169,9 @@ impl Broker for Faulty {
         self.inner.default_dead_letter(queue)
     }
     fn lease(&self) -> Duration {
+        if self.faults.zero_lease {
+            return Duration::ZERO;
+        }
         self.inner.lease()
     }
     fn clock(&self) -> Clock {
@@ -575,6 +583,36 @@ struct AckRow {
     locked_until: Option<DateTime<Utc>>,
     #[field(payload)]
     payload: Vec<u8>,
+}
+
+/// A broker that says its lease is zero does not make the runtime renew in a spin: renewals
+/// come at most every 10 ms, and every job still completes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_lease_does_not_make_renewals_spin() {
+    let q = "s_zero_lease";
+    let broker = Faulty::new(Faults {
+        zero_lease: true,
+        ..Faults::default()
+    });
+    let faults = Arc::clone(&broker.faults);
+    let gauge = Arc::new(Gauge::default());
+    let mut app = TestApp::start_live(service("zero-lease", q, broker, &gauge))
+        .await
+        .unwrap();
+    app.drain_timeout = Duration::from_secs(15);
+    let started = Instant::now();
+    publish(&app, q, 0..10).await;
+    app.drain().await;
+    let took = started.elapsed();
+    assert_each_acked_once(&app, 10);
+    let renews = faults.renews.load(Ordering::SeqCst);
+    // Two handlers at a time renew at most every 10 ms each (plus one renewal under way).
+    let bound = 2 * (took.as_millis() as u64 / 10 + 2) + 10;
+    assert!(
+        renews <= bound,
+        "{renews} renewals in {took:?}: at most {bound} at one per 10 ms per running delivery"
+    );
+    app.stop().await;
 }
 
 /// The SQL route's acknowledgement task used to be started once and kept in a `OnceLock`: once

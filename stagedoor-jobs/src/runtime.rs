@@ -25,6 +25,9 @@ use crate::outcome::{Failure, FailureCause, Verdict};
 use crate::panic::CatchPanic;
 use crate::supervise::{RestartLimit, supervise};
 
+/// The shortest time between two renewals of one delivery's lease, whatever the broker says
+/// its lease is.
+const MIN_RENEW_EVERY: Duration = Duration::from_millis(10);
 /// How long one claim waits for work before the loop checks for shutdown.
 const CLAIM_WAIT: Duration = Duration::from_millis(500);
 /// The most deliveries one claim asks for.
@@ -609,7 +612,9 @@ impl<B: Broker> Worker<B> {
         delivery: &Delivery<B::Receipt>,
         fut: impl Future<Output = T>,
     ) -> T {
-        let every = self.broker.lease() / 3;
+        // A broker reporting a lease of (nearly) zero would make this loop spin: renew at most
+        // every 10 ms.
+        let every = (self.broker.lease() / 3).max(MIN_RENEW_EVERY);
         let (done_tx, mut done_rx) = watch::channel(false);
         let renew = async {
             loop {
