@@ -162,3 +162,35 @@ where
         tokio::time::sleep(wait).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[tokio::test(start_paused = true)]
+    async fn restart_on_panic_runs_the_task_again_until_it_returns() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let r = Arc::clone(&runs);
+        let started = Instant::now();
+        restart_on_panic("test task", move || {
+            let r = Arc::clone(&r);
+            async move {
+                if r.fetch_add(1, Ordering::SeqCst) < 2 {
+                    panic!("injected");
+                }
+            }
+        })
+        .await;
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            3,
+            "two panics, then a clean run"
+        );
+        assert!(
+            started.elapsed() >= BACKOFF.delay(1) + BACKOFF.delay(2),
+            "it waited its backoff between runs: {:?}",
+            started.elapsed()
+        );
+    }
+}
