@@ -76,7 +76,7 @@ async fn ack_loop(
     mut c: Conn,
     keys: Keys,
     consumer: String,
-    rx: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<AckReq>>>,
+    rx: stagedoor_jobs::supervise::SharedReceiver<AckReq>,
 ) {
     let mut rx = rx.lock().await;
     let mut batch = Vec::with_capacity(scripts::ACK_BATCH);
@@ -283,14 +283,9 @@ impl RedisBroker {
         if acks.contains_key(&keys.stream) {
             tracing::error!(task = %task, "the acknowledgement task had stopped: starting it again");
         }
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let (c, k, consumer) = (c.clone(), keys.clone(), self.inner.consumer.clone());
-        tokio::spawn(async move {
-            stagedoor_jobs::supervise::restart_on_panic(&task, || {
-                ack_loop(c.clone(), k.clone(), consumer.clone(), Arc::clone(&rx))
-            })
-            .await
+        let tx = stagedoor_jobs::supervise::spawn_consumer(task, move |rx| {
+            ack_loop(c.clone(), k.clone(), consumer.clone(), rx)
         });
         acks.insert(keys.stream.clone(), tx.clone());
         tx

@@ -377,7 +377,7 @@ macro_rules! impl_for {
             /// under `restart_on_panic`: the receiver is shared so that a restarted loop reads
             /// the same channel (a panic fails only the batch it interrupted; the runtime
             /// settles those again).
-            pub(crate) async fn ack_loop(pool: sqlx::Pool<$db>, stmts: Arc<Statements>, rx: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<AckReq>>>) {
+            pub(crate) async fn ack_loop(pool: sqlx::Pool<$db>, stmts: Arc<Statements>, rx: stagedoor_jobs::supervise::SharedReceiver<AckReq>) {
                 let mut rx = rx.lock().await;
                 let mut batch = Vec::with_capacity(ACK_BATCH);
                 while rx.recv_many(&mut batch, ACK_BATCH).await > 0 {
@@ -489,13 +489,8 @@ macro_rules! impl_for {
                     if slot.is_some() {
                         tracing::error!(task = %task, "the acknowledgement task had stopped: starting it again");
                     }
-                    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                    let rx = Arc::new(tokio::sync::Mutex::new(rx));
-                    tokio::spawn(async move {
-                        stagedoor_jobs::supervise::restart_on_panic(&task, || {
-                            ack_loop(pool.clone(), Arc::clone(&stmts), Arc::clone(&rx))
-                        })
-                        .await
+                    let tx = stagedoor_jobs::supervise::spawn_consumer(task, move |rx| {
+                        ack_loop(pool.clone(), Arc::clone(&stmts), rx)
                     });
                     *slot = Some(tx.clone());
                     Ok(tx)
@@ -957,12 +952,6 @@ macro_rules! impl_broker {
                         let stmt = match plan { Plan::From(_) => &stmts.claim_from, Plan::Full => &stmts.claim };
                         self.fetch(&stmts, stmt, &v).await?
                     };
-                    if rows.len() > max {
-                        // Never seen since the claim locks its batch in a materialized CTE; if a
-                        // database does it anyway, the runtime keeps the extra deliveries (they
-                        // are leased) and says so.
-                        tracing::error!(queue, asked = max, got = rows.len(), table = stmts.table.name, "the claim returned more rows than it asked for");
-                    }
                     if !Statements::lacks(&stmts.claim_from) {
                         let earliest = rows.iter().filter_map(|r| r.due).min();
                         match plan {

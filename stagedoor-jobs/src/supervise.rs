@@ -163,6 +163,26 @@ where
     }
 }
 
+/// The receiving end of a channel, shared by the runs of a task that [`spawn_consumer`]
+/// restarts, so that every run reads the same channel.
+pub type SharedReceiver<T> = Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<T>>>;
+
+/// Spawns a task that consumes a channel (a backend's acknowledgement batcher, say) under
+/// [`restart_on_panic`]: a panic restarts it on the same channel, so only the work it held is
+/// lost. Returns the channel's sender; a caller that finds it closed (the task ran on a tokio
+/// runtime that has shut down) spawns another.
+pub fn spawn_consumer<T, F, Fut>(task: String, mut make: F) -> tokio::sync::mpsc::UnboundedSender<T>
+where
+    T: Send + 'static,
+    F: FnMut(SharedReceiver<T>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let rx: SharedReceiver<T> = Arc::new(tokio::sync::Mutex::new(rx));
+    tokio::spawn(async move { restart_on_panic(&task, || make(Arc::clone(&rx))).await });
+    tx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
