@@ -24,6 +24,12 @@ use crate::clock::Clock;
 use crate::envelope::{Envelope, JobId};
 use crate::outcome::Failure;
 
+/// The highest attempt number any backend counts to. The counter saturates here on every
+/// backend, so it fits the smallest attempt column the SQL derive accepts (`SMALLINT`, `i16`) and
+/// can never overflow a column or stop a claim; a cap (`max_attempts`) above it could never be
+/// reached and is refused at startup.
+pub const MAX_ATTEMPT: u32 = 32_767;
+
 /// An error of a broker: the server could not be reached, a statement failed, a stored entry
 /// is malformed.
 #[derive(Clone, Debug, thiserror::Error)]
