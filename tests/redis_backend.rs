@@ -588,6 +588,7 @@ async fn publish(running: &Running, job: Job) -> String {
         .publish(job)
         .await
         .unwrap_or_else(|e| panic!("publish: {e}"))
+        .id()
         .to_string()
 }
 
@@ -1585,8 +1586,8 @@ async fn the_worker_lives_on_through_a_server_restart() {
         let deadline = tokio::time::Instant::now() + PATIENCE;
         loop {
             match running.publish(job(kind, json!({ "seat": "14C" }))).await {
-                Ok(id) => {
-                    after.push(id.to_string());
+                Ok(published) => {
+                    after.push(published.id().to_string());
                     break;
                 }
                 Err(e) => {

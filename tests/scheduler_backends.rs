@@ -1175,8 +1175,11 @@ async fn a_delayed_job_survives_a_restart_of_every_worker(kind: &str) {
     // Due times are kept to the millisecond.
     let slack = chrono::Duration::milliseconds(2);
     for (id, due) in [
-        (after.as_str(), published + chrono::Duration::seconds(2)),
-        (at.as_str(), at_time),
+        (
+            after.id().as_str(),
+            published + chrono::Duration::seconds(2),
+        ),
+        (at.id().as_str(), at_time),
     ] {
         let (_, ran) = runs
             .iter()

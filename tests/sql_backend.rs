@@ -1370,8 +1370,16 @@ async fn errors_and_panics_land_in_last_error<D: Db>() {
         }),
     )
     .await;
-    let e = app.publish(job("errs", 1, true)).await.expect("publish");
-    let p = app.publish(job("panics", 2, true)).await.expect("publish");
+    let e = app
+        .publish(job("errs", 1, true))
+        .await
+        .expect("publish")
+        .into_id();
+    let p = app
+        .publish(job("panics", 2, true))
+        .await
+        .expect("publish")
+        .into_id();
     let t0 = Utc::now();
     app.drain().await;
     let row = |id: JobId| {

@@ -115,7 +115,7 @@ impl Broker for Faulty {
         &self,
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<Vec<stagedoor_jobs::Published>, BrokerError> {
         self.inner.publish(queue, jobs).await
     }
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
@@ -212,9 +212,11 @@ fn service(name: &str, queue: &'static str, broker: Faulty, gauge: &Arc<Gauge>) 
         })
 }
 
+/// Publishes jobs `ns` and returns at once (`enqueue`: the jobs pile up, so that claims take
+/// several at a time; the tests drain afterwards).
 async fn publish(app: &TestApp, queue: &str, ns: std::ops::Range<u32>) {
     for n in ns {
-        app.publish(Job::new(queue, &n).unwrap()).await.unwrap();
+        app.enqueue(Job::new(queue, &n).unwrap()).await.unwrap();
     }
 }
 

@@ -101,7 +101,8 @@ fn a_job_runs_in_a_span_that_carries_its_publishers_request_id_and_trace() {
                     .trace("4bf92f35"),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .into_id();
         app.drain().await;
         let seen = capture.0.lock().unwrap().clone();
         assert_eq!(seen.len(), 1, "{seen:?}");

@@ -128,6 +128,7 @@ impl fmt::Debug for RedisBroker {
     }
 }
 
+use stagedoor_jobs::broker::Published;
 use stagedoor_jobs::broker::mask_url as mask;
 
 fn conn_err(e: redis::RedisError) -> BrokerError {
@@ -864,10 +865,10 @@ impl Broker for RedisBroker {
         &self,
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<Vec<Published>, BrokerError> {
         let mut c = self.conn()?;
         if jobs.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let keys = self.keys(queue);
         let now = self.now();
@@ -905,16 +906,40 @@ impl Broker for RedisBroker {
             }
             pipe.query_async(&mut c).await.map_err(conn_err)?
         };
+        // The script reports the 1-based positions (within its call) of the jobs whose id was
+        // already in the queue or earlier in the batch; every other job was stored.
+        let mut stored = vec![true; jobs.len()];
+        if skipped.len() != chunks.len() {
+            return Err(BrokerError::Backend(format!(
+                "the publish of {} jobs to `{queue}` returned {} answers for {} script calls",
+                jobs.len(),
+                skipped.len(),
+                chunks.len()
+            )));
+        }
         for ((first, _), positions) in chunks.iter().zip(&skipped) {
             for p in positions {
-                let job = usize::try_from(*p - 1)
-                    .ok()
-                    .and_then(|p| jobs.get(first + p));
-                if let Some((envelope, _)) = job {
-                    tracing::debug!(job_id = %envelope.id(), "already in the queue: not added twice");
+                let at = usize::try_from(*p - 1).ok().map(|p| first + p);
+                match at.and_then(|i| stored.get_mut(i)) {
+                    Some(s) => *s = false,
+                    None => {
+                        return Err(BrokerError::Backend(format!(
+                            "the publish script reported job {p} of a call as skipped, a position outside the call (queue `{queue}`)"
+                        )));
+                    }
                 }
             }
         }
+        let published: Vec<Published> = jobs
+            .iter()
+            .zip(stored)
+            .map(|((envelope, _), stored)| {
+                if !stored {
+                    stagedoor_jobs::broker::log_not_stored(queue, envelope.id());
+                }
+                Published::new(envelope.id().clone(), stored)
+            })
+            .collect();
         if jobs.iter().any(|(_, at)| at.is_some_and(|t| t > now)) {
             // A delayed job may be due before the mover's next look.
             if let Some(h) = self.inner.housekeeping.lock().expect("lock").get_mut(queue) {
@@ -923,7 +948,7 @@ impl Broker for RedisBroker {
                 h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
             }
         }
-        Ok(())
+        Ok(published)
     }
 
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {

@@ -12,8 +12,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Database, Row as _};
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, QueueStats,
-    ReplayReport, Settled, Settlement,
+    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, Published,
+    QueueStats, ReplayReport, Settled, Settlement,
 };
 use stagedoor_jobs::inbox::{ColumnType, Table, is_plain_identifier};
 use stagedoor_jobs::{Clock, Envelope, Inbox, Job, JobId};
@@ -344,6 +344,60 @@ fn db_err(e: sqlx::Error) -> BrokerError {
     }
 }
 
+/// Whether a row of `table` is known by its generated row id: the database generates the id
+/// and the table has no headers column to keep the envelope's. Such a job's id is its row id
+/// (what its handler, its dead letter and the CLI show), so a publish returns that.
+fn keyed_by_row(table: &Table) -> bool {
+    table.id.generated && table.headers.is_none()
+}
+
+/// What a publish of `envelopes` into `queue` did, from the ids (as text) of the rows its
+/// inserts returned: one per stored row, in the jobs' order when [`keyed_by_row`] (each row is
+/// inserted by a statement of its own), in any order otherwise. A job whose id is already in
+/// the table, or earlier in the batch, returned nothing: it is reported as not stored (and
+/// logged). A table whose id the database generates stores every job.
+fn reports(
+    table: &Table,
+    queue: &str,
+    envelopes: &[&Envelope],
+    returned: Vec<String>,
+) -> Result<Vec<Published>, BrokerError> {
+    if keyed_by_row(table) {
+        if returned.len() != envelopes.len() {
+            return Err(BrokerError::Backend(format!(
+                "table `{}`: the insert of {} jobs returned {} generated ids (column `{}`)",
+                table.name,
+                envelopes.len(),
+                returned.len(),
+                table.id.name
+            )));
+        }
+        return Ok(returned
+            .into_iter()
+            .map(|id| Published::stored(JobId::from_string(id)))
+            .collect());
+    }
+    if table.id.generated {
+        return Ok(envelopes
+            .iter()
+            .map(|e| Published::stored(e.id().clone()))
+            .collect());
+    }
+    let mut fresh: std::collections::HashSet<String> = returned.into_iter().collect();
+    Ok(envelopes
+        .iter()
+        .map(|e| {
+            // The first job of an id takes the row; a later one of the batch finds it taken.
+            if fresh.remove(e.id().as_str()) {
+                Published::stored(e.id().clone())
+            } else {
+                stagedoor_jobs::broker::log_not_stored(queue, e.id());
+                Published::already_there(e.id().clone())
+            }
+        })
+        .collect())
+}
+
 macro_rules! impl_for {
     ($db:ty, $module:ident) => {
         mod $module {
@@ -434,6 +488,11 @@ macro_rules! impl_for {
                     P::JobId => q.bind(v.job_id.clone()),
                     P::Floor => q.bind(v.floor),
                 }
+            }
+
+            /// The ids (as text) an insert returned, one per stored row.
+            pub(crate) fn returned_ids(rows: &[<$db as Database>::Row]) -> Result<Vec<String>, BrokerError> {
+                rows.iter().map(|r| r.try_get::<String, _>(0).map_err(db_err)).collect()
             }
 
             pub(crate) fn read(row: &<$db as Database>::Row, table: &Table) -> Result<RowRead, sqlx::Error> {
@@ -562,28 +621,30 @@ macro_rules! impl_for {
                 }
 
                 /// Publishes `job` into this table now, at its time, or after its delay; into
-                /// the route's group unless the job names its queue. Returns the job id.
-                pub async fn publish(&self, job: Job) -> Result<JobId, BrokerError> {
-                    let (queue, envelope, at) = job.into_parts(self.broker.now());
-                    let id = envelope.id().clone();
-                    Broker::publish(self, &queue, vec![(envelope, at)]).await?;
-                    Ok(id)
+                /// the route's group unless the job names its queue. Returns the job's id as
+                /// stored and whether it was stored (see [`Published`]): on a table whose id
+                /// the database generates and that has no headers column, the id is the new
+                /// row's; a job whose id is already in a text id column is not stored again.
+                pub async fn publish(&self, job: Job) -> Result<Published, BrokerError> {
+                    stagedoor_jobs::broker::Publish::publish_job(self, job).await
                 }
 
                 /// Publishes `job` inside the caller's own transaction (pass `&mut *tx`): the
-                /// job exists if and only if that transaction commits.
+                /// job exists if and only if that transaction commits. Returns what
+                /// [`publish`](Self::publish) returns.
                 pub async fn publish_in(
                     &self,
                     conn: &mut <$db as Database>::Connection,
                     job: Job,
-                ) -> Result<JobId, BrokerError> {
+                ) -> Result<Published, BrokerError> {
                     let stmts = Arc::clone(self.stmts()?);
                     let (queue, envelope, at) = job.into_parts(self.broker.now());
-                    let id = envelope.id().clone();
                     let v = self.encode_job(&queue, &envelope, at)?;
-                    query(&stmts.insert_notify, &v, self.table()).execute(&mut *conn).await.map_err(db_err)?;
+                    let rows = query(&stmts.insert_notify, &v, self.table()).fetch_all(&mut *conn).await.map_err(db_err)?;
+                    let returned = returned_ids(&rows)?;
                     self.broker.wake_all();
-                    Ok(id)
+                    let mut out = reports(self.table(), &queue, &[&envelope], returned)?;
+                    out.pop().ok_or_else(|| BrokerError::Backend("a publish of one job reported nothing".to_owned()))
                 }
             }
         }
@@ -1101,30 +1162,47 @@ macro_rules! impl_broker {
                 Ok(if n == 1 { Settled::Done } else { Settled::LeaseLost })
             }
 
-            async fn publish(&self, queue: &str, jobs: Vec<(Envelope, Option<DateTime<Utc>>)>) -> Result<(), BrokerError> {
+            async fn publish(&self, queue: &str, jobs: Vec<(Envelope, Option<DateTime<Utc>>)>) -> Result<Vec<Published>, BrokerError> {
                 let stmts = Arc::clone(self.stmts()?);
+                if jobs.is_empty() {
+                    return Ok(Vec::new());
+                }
                 let mut vals = Vec::with_capacity(jobs.len());
                 for (envelope, at) in &jobs {
                     vals.push(self.encode_job(queue, envelope, *at)?);
                 }
+                let mut returned = Vec::with_capacity(vals.len());
                 if let [v] = &vals[..] {
                     // One job: one statement (its NOTIFY included on Postgres).
-                    $module::query(&stmts.insert_notify, v, self.table()).execute(self.pool()?).await.map_err(db_err)?;
+                    let rows = $module::query(&stmts.insert_notify, v, self.table()).fetch_all(self.pool()?).await.map_err(db_err)?;
+                    returned = $module::returned_ids(&rows)?;
                 } else {
-                    // Multi-row inserts of up to MAX_ROWS rows, all in one transaction.
                     let mut tx = self.pool()?.begin().await.map_err(db_err)?;
-                    let mut rest = &vals[..];
-                    for n in chunks(vals.len()) {
-                        let (chunk, more) = rest.split_at(n);
-                        rest = more;
-                        let (sql, template) = stmts.insert_many(n);
-                        $module::query_rows(sql, template, chunk, self.table()).execute(&mut *tx).await.map_err(db_err)?;
+                    if keyed_by_row(self.table()) {
+                        // Each job's id is the row id the database generates: a statement per
+                        // row tells which is which (a multi-row insert returns its ids in no
+                        // promised order).
+                        for v in &vals {
+                            let rows = $module::query(&stmts.insert, v, self.table()).fetch_all(&mut *tx).await.map_err(db_err)?;
+                            returned.extend($module::returned_ids(&rows)?);
+                        }
+                    } else {
+                        // Multi-row inserts of up to MAX_ROWS rows, all in one transaction.
+                        let mut rest = &vals[..];
+                        for n in chunks(vals.len()) {
+                            let (chunk, more) = rest.split_at(n);
+                            rest = more;
+                            let (sql, template) = stmts.insert_many(n);
+                            let rows = $module::query_rows(sql, template, chunk, self.table()).fetch_all(&mut *tx).await.map_err(db_err)?;
+                            returned.extend($module::returned_ids(&rows)?);
+                        }
                     }
                     self.notify_in(&mut tx, queue).await?;
                     tx.commit().await.map_err(db_err)?;
                 }
                 self.broker.wake_all();
-                Ok(())
+                let envelopes: Vec<&Envelope> = jobs.iter().map(|(e, _)| e).collect();
+                reports(self.table(), queue, &envelopes, returned)
             }
 
             async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {

@@ -98,8 +98,10 @@ pub(crate) struct Statements {
     pub(crate) retry: Stmt,
     pub(crate) retry_keep_place: Stmt,
     pub(crate) dead_group: Stmt,
+    /// One row; returns its id as text when it is stored (nothing when its id was taken).
     pub(crate) insert: Stmt,
-    /// The insert, and on Postgres a `NOTIFY` in the same statement (delivered at commit).
+    /// The insert, and on Postgres a `NOTIFY` in the same statement (delivered at commit);
+    /// returns the stored row's id as text first.
     pub(crate) insert_notify: Stmt,
     pub(crate) stats: Stmt,
     pub(crate) list: Stmt,
@@ -121,6 +123,15 @@ pub(crate) struct Statements {
 
 /// Most rows one multi-row statement carries (SQLite binds at most 32,766 values).
 pub(crate) const MAX_ROWS: usize = 512;
+
+/// The name the inserts return each stored row's id under (as text).
+const INSERTED: &str = "stagedoor_inserted_id";
+
+/// What an insert returns: the id (as text) of each row it stored; a row skipped because its id
+/// was taken returns nothing.
+fn insert_returning(id: &str) -> String {
+    format!(" RETURNING CAST({id} AS TEXT) AS {INSERTED}")
+}
 
 fn insert_conflict(table: &Table) -> &'static str {
     if table.id.generated {
@@ -356,10 +367,11 @@ impl Statements {
                 insert_row.push(None);
             }
             s.sql = format!(
-                "INSERT INTO {t} ({}) VALUES ({}){}",
+                "INSERT INTO {t} ({}) VALUES ({}){}{}",
                 cols.join(", "),
                 vals.join(", "),
-                insert_conflict(&table)
+                insert_conflict(&table),
+                insert_returning(&id)
             );
             insert_cols = cols.join(", ");
         }
@@ -370,7 +382,7 @@ impl Statements {
                 let mut s = insert.clone();
                 let g = s.p(P::Group);
                 s.sql = format!(
-                    "WITH ins AS ({} RETURNING 1) SELECT pg_notify('{CHANNEL}', CAST({g} AS TEXT)) FROM ins",
+                    "WITH ins AS ({}) SELECT ins.{INSERTED}, pg_notify('{CHANNEL}', CAST({g} AS TEXT)) FROM ins",
                     s.sql
                 );
                 s
@@ -532,7 +544,8 @@ impl Statements {
     }
 
     /// An insert of `n` rows (at most [`MAX_ROWS`]) in one statement, and the value of each
-    /// placeholder in order: bind row 1's values, then row 2's, ...
+    /// placeholder in order: bind row 1's values, then row 2's, ... Returns the id (as text)
+    /// of each row it stored, in no particular order.
     pub(crate) fn insert_many(&self, n: usize) -> (String, &[Option<P>]) {
         let mut k = 0;
         let tuples: Vec<String> = (0..n)
@@ -552,11 +565,12 @@ impl Statements {
             })
             .collect();
         let sql = format!(
-            "INSERT INTO {} ({}) VALUES {}{}",
+            "INSERT INTO {} ({}) VALUES {}{}{}",
             self.qualified,
             self.insert_cols,
             tuples.join(", "),
-            self.insert_conflict
+            self.insert_conflict,
+            insert_returning(&self.id_col)
         );
         (sql, &self.insert_row)
     }

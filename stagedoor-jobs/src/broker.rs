@@ -131,6 +131,73 @@ pub struct Problem {
     pub message: String,
 }
 
+/// What publishing one job did: the id it is stored under, and whether this publish stored it.
+///
+/// One id per job everywhere: [`id`](Published::id) is the id the job's handler sees
+/// (`Ctx<keys::JobId>`), its dead letter keeps ([`DeadLetter::envelope`]) and the CLI shows.
+/// It is the id the job was published with, except on a SQL table whose id the database
+/// generates and that has no headers column: there the job is known by its new row id.
+///
+/// A job whose id was already in its queue (waiting, delayed, running, or earlier in the same
+/// batch) is not stored again: [`is_stored`](Published::is_stored) is `false`, and the job
+/// already there is the one that runs.
+///
+/// ```
+/// # async fn f(broker: impl stagedoor_jobs::Broker) -> Result<(), Box<dyn std::error::Error>> {
+/// use stagedoor_jobs::{Job, JobId, Publish};
+/// let id = JobId::from_string("invoice-42");
+/// let first = broker.publish_job(Job::new("billing", &42)?.id(id.clone())).await?;
+/// let again = broker.publish_job(Job::new("billing", &42)?.id(id.clone())).await?;
+/// assert!(first.is_stored());
+/// assert!(!again.is_stored(), "invoice-42 was already waiting: nothing added");
+/// assert_eq!(again.id(), &id);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Published {
+    id: JobId,
+    stored: bool,
+}
+
+impl Published {
+    /// A report: the job is known as `id`; `stored` is whether this publish added it.
+    pub fn new(id: JobId, stored: bool) -> Self {
+        Self { id, stored }
+    }
+
+    /// A job this publish stored under `id`.
+    pub fn stored(id: JobId) -> Self {
+        Self::new(id, true)
+    }
+
+    /// A job whose id `id` was already in the queue: nothing was added.
+    pub fn already_there(id: JobId) -> Self {
+        Self::new(id, false)
+    }
+
+    /// The job's id as stored: what its handler, its dead letter and the CLI show.
+    pub fn id(&self) -> &JobId {
+        &self.id
+    }
+
+    /// The job's id, by value.
+    pub fn into_id(self) -> JobId {
+        self.id
+    }
+
+    /// `true` when this publish stored the job; `false` when a job with this id was already
+    /// in the queue (or earlier in the same batch) and nothing was added.
+    pub fn is_stored(&self) -> bool {
+        self.stored
+    }
+}
+
+/// Logs a job a publish did not store because its id was already in the queue (info level:
+/// a duplicate publish is worth seeing, not an error).
+pub fn log_not_stored(queue: &str, id: &JobId) {
+    tracing::info!(queue, job_id = %id, "a job with this id is already in the queue: not added twice");
+}
+
 /// A dead letter: the job as it was, plus why and when it failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetter {
@@ -249,12 +316,18 @@ pub trait Broker: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Settled, BrokerError>> + Send;
 
     /// Publishes jobs to `queue`, each due at its time (`None` for now), all or none. A job
-    /// whose id is already in the queue (waiting, delayed or running) is not added twice.
+    /// whose id is already in the queue (waiting, delayed or running), or earlier in the same
+    /// batch, is not added twice.
+    ///
+    /// Returns one [`Published`] per job, in order: the job's id as stored (the id its
+    /// handler, its dead letter and the CLI show; a table whose id the database generates and
+    /// that has no headers column to keep the envelope's id stores the job under its new row
+    /// id) and whether this call stored it. A job not stored is logged at info level.
     fn publish(
         &self,
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
-    ) -> impl Future<Output = Result<(), BrokerError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Published>, BrokerError>> + Send;
 
     /// Takes the lock `key` for `ttl` if nobody holds it, recording `token` as the owner
     /// (scheduler ticks). `Ok(true)` when taken.
@@ -387,49 +460,82 @@ type Batch = Vec<(Envelope, Option<DateTime<Utc>>)>;
 /// use stagedoor_jobs::Job;
 /// broker.connect().await?;
 /// let jobs = (0..1000).map(|n| Job::new("emails", &n)).collect::<Result<Vec<_>, _>>()?;
-/// let ids = broker.publish_jobs(jobs).await?; // one round trip per queue
+/// let published = broker.publish_jobs(jobs).await?; // one round trip per queue
+/// assert!(published.iter().all(|p| p.is_stored()));
 /// # Ok(()) }
 /// ```
 pub trait Publish: Broker {
-    /// Publishes one job now, at its time or after its delay; returns its id.
+    /// Publishes one job now, at its time or after its delay; returns its id as stored and
+    /// whether it was stored (see [`Published`]).
     fn publish_job(
         &self,
         job: crate::Job,
-    ) -> impl Future<Output = Result<JobId, BrokerError>> + Send {
+    ) -> impl Future<Output = Result<Published, BrokerError>> + Send {
         async move {
             let (queue, envelope, at) = job.into_parts(self.clock().now());
             let id = envelope.id().clone();
-            self.publish(&queue, vec![(envelope, at)]).await?;
-            Ok(id)
+            let mut out = self.publish(&queue, vec![(envelope, at)]).await?;
+            match out.pop() {
+                Some(p) if out.is_empty() => Ok(p),
+                _ => Err(BrokerError::Backend(format!(
+                    "the {} broker reported {} results for one published job `{id}`: expected one",
+                    self.backend(),
+                    out.len() + 1
+                ))),
+            }
         }
     }
 
     /// Publishes jobs in one [`publish`](Broker::publish) call per queue (the jobs of a queue
-    /// land all or none); returns their ids in order. Jobs of several queues are grouped by
-    /// queue, in order of first appearance.
+    /// land all or none); returns one [`Published`] per job, in order: its id as stored and
+    /// whether it was stored (a job whose id was already in the queue, or earlier in the
+    /// batch, is not). Jobs of several queues are grouped by queue, in order of first
+    /// appearance.
     fn publish_jobs<I>(
         &self,
         jobs: I,
-    ) -> impl Future<Output = Result<Vec<JobId>, BrokerError>> + Send
+    ) -> impl Future<Output = Result<Vec<Published>, BrokerError>> + Send
     where
         I: IntoIterator<Item = crate::Job>,
     {
         let now = self.clock().now();
-        let mut ids = Vec::new();
+        // For each job: its queue's batch and its place in that batch.
+        let mut places = Vec::new();
         let mut by_queue: Vec<(String, Batch)> = Vec::new();
         for job in jobs {
             let (queue, envelope, at) = job.into_parts(now);
-            ids.push(envelope.id().clone());
-            match by_queue.iter_mut().find(|(q, _)| *q == queue) {
-                Some((_, batch)) => batch.push((envelope, at)),
-                None => by_queue.push((queue, vec![(envelope, at)])),
-            }
+            let b = match by_queue.iter().position(|(q, _)| *q == queue) {
+                Some(b) => b,
+                None => {
+                    by_queue.push((queue, Vec::new()));
+                    by_queue.len() - 1
+                }
+            };
+            places.push((b, by_queue[b].1.len()));
+            by_queue[b].1.push((envelope, at));
         }
         async move {
+            let mut reports = Vec::with_capacity(by_queue.len());
             for (queue, batch) in by_queue {
-                self.publish(&queue, batch).await?;
+                let n = batch.len();
+                let got = self.publish(&queue, batch).await?;
+                if got.len() != n {
+                    return Err(BrokerError::Backend(format!(
+                        "the {} broker reported {} results for {n} jobs published to `{queue}`",
+                        self.backend(),
+                        got.len()
+                    )));
+                }
+                reports.push(got.into_iter().map(Some).collect::<Vec<_>>());
             }
-            Ok(ids)
+            places
+                .into_iter()
+                .map(|(b, i)| {
+                    reports[b][i].take().ok_or_else(|| {
+                        BrokerError::Backend("a published job was reported twice".to_owned())
+                    })
+                })
+                .collect()
         }
     }
 }

@@ -133,6 +133,9 @@ macro_rules! conformance_tests {
             abandoned_job_comes_back_when_advancing_past_its_lease
             replay_skips_a_letter_whose_job_is_back_in_its_queue
             waiting_for_a_mount_slot_keeps_the_lease
+            published_id_is_the_handlers_and_the_dead_letters
+            duplicate_publishes_are_reported_not_stored
+            paused_publish_returns_once_the_job_has_settled
         );
     };
     ($fixture:expr $(,)?) => {
@@ -548,7 +551,7 @@ pub async fn ack_removes_the_job<F: Fixture>(fixture: F) {
         }),
     )
     .await;
-    let id = app.publish(job(Q, 1)).await.expect("publish");
+    let id = app.publish(job(Q, 1)).await.expect("publish").into_id();
     app.drain().await;
 
     assert_eq!(probe.attempts(), [Some(1)], "the handler runs once");
@@ -807,7 +810,7 @@ pub async fn panic_is_a_failed_attempt_and_the_worker_lives_on<F: Fixture>(fixtu
         }),
     )
     .await;
-    let panicking = app.publish(job(Q, 1)).await.expect("publish");
+    let panicking = app.publish(job(Q, 1)).await.expect("publish").into_id();
     app.drain().await;
 
     let location = format!("{}:{}:", file!(), probe.panic_line.load(Ordering::SeqCst));
@@ -830,7 +833,7 @@ pub async fn panic_is_a_failed_attempt_and_the_worker_lives_on<F: Fixture>(fixtu
         letters[0].traceback
     );
 
-    let after = app.publish(job(Q, 2)).await.expect("publish");
+    let after = app.publish(job(Q, 2)).await.expect("publish").into_id();
     app.drain().await;
     let last = app.outcomes("panics_on_one").pop().expect("a record");
     assert_eq!(last.job_id, after);
@@ -859,7 +862,7 @@ pub async fn attempts_count_up_and_the_job_id_stays<F: Fixture>(fixture: F) {
         }),
     )
     .await;
-    let id = app.publish(job(Q, 1)).await.expect("publish");
+    let id = app.publish(job(Q, 1)).await.expect("publish").into_id();
     app.drain().await;
 
     assert_eq!(probe.attempts(), [Some(1), Some(2), Some(3), Some(4)]);
@@ -912,7 +915,8 @@ pub async fn cap_reached_moves_the_job_to_its_dead_letter<F: Fixture>(fixture: F
                 .trace("trace-cap-7"),
         )
         .await
-        .expect("publish");
+        .expect("publish")
+        .into_id();
     app.drain().await;
 
     assert_eq!(
@@ -1026,7 +1030,8 @@ pub async fn undecodable_payload_fails_attempts_until_the_cap<F: Fixture>(fixtur
     let id = app
         .publish(Job::from_bytes(Q, b"not json".to_vec()))
         .await
-        .expect("publish");
+        .expect("publish")
+        .into_id();
     app.drain().await;
 
     assert_eq!(
@@ -1112,7 +1117,8 @@ pub async fn unknown_kind_goes_to_the_default_dead_letter<F: Fixture>(fixture: F
     let id = app
         .publish(job(Q, 1).kind("mystery"))
         .await
-        .expect("publish");
+        .expect("publish")
+        .into_id();
     app.drain().await;
 
     assert_eq!(probe.runs(), 0, "no handler runs a kind nobody handles");
@@ -1153,8 +1159,10 @@ pub async fn concurrency_limit_is_respected<F: Fixture>(fixture: F) {
         }),
     )
     .await;
+    // `enqueue`: on the paused harness `publish` would wait for each job to settle, and the
+    // jobs would run one after the other.
     for n in 1..=8 {
-        app.publish(job(Q, n)).await.expect("publish");
+        app.enqueue(job(Q, n)).await.expect("publish");
     }
     app.drain().await;
 
@@ -1193,7 +1201,7 @@ pub async fn shutdown_lets_running_handlers_finish<F: Fixture>(fixture: F) {
     )
     .await;
     for n in 1..=3 {
-        app.publish(job(Q, n)).await.expect("publish");
+        app.enqueue(job(Q, n)).await.expect("publish");
     }
     eventually("the three handlers run", || probe.in_flight() == 3).await;
     app.stop().await;
@@ -1229,7 +1237,8 @@ pub async fn job_abandoned_at_shutdown_comes_back_after_its_lease<F: Fixture>(fi
             .with_broker(broker.clone(), mount),
     )
     .await;
-    let id = first.publish(job(Q, 1)).await.expect("publish");
+    // `enqueue`: the first attempt hangs until the shutdown abandons it.
+    let id = first.enqueue(job(Q, 1)).await.expect("publish").into_id();
     eventually("the first attempt runs", || probe.in_flight() == 1).await;
     first.stop().await;
 
@@ -1464,7 +1473,8 @@ pub async fn same_job_id_published_twice_runs_once<F: Fixture>(fixture: F) {
             .publish(job(Q, n).id(id.clone()).after(DELAY))
             .await
             .expect("publishing a duplicate is not an error");
-        assert_eq!(got, id);
+        assert_eq!(got.id(), &id);
+        assert_eq!(got.is_stored(), n == 1, "only the first is stored");
     }
     let stats = app.stats(Q).await;
     assert_eq!(
@@ -1494,13 +1504,20 @@ pub async fn job_id_published_while_running_is_not_added<F: Fixture>(fixture: F)
     )
     .await;
     let id = JobId::from_string(format!("cf-dup-{}", JobId::new()));
-    app.publish(job(Q, 1).id(id.clone()))
+    // `enqueue`: the handler waits for the gate the test opens below.
+    app.enqueue(job(Q, 1).id(id.clone()))
         .await
         .expect("publish");
     eventually("the job runs", || probe.in_flight() == 1).await;
-    app.publish(job(Q, 2).id(id.clone()))
+    let again = app
+        .enqueue(job(Q, 2).id(id.clone()))
         .await
         .expect("publishing a duplicate is not an error");
+    assert_eq!(
+        (again.id(), again.is_stored()),
+        (&id, false),
+        "reported as already there"
+    );
     let stats = app.stats(Q).await;
     assert_eq!(
         (stats.ready, stats.pending, stats.delayed),
@@ -1551,7 +1568,8 @@ async fn letters<F: Fixture>(fixture: &F, queue: &'static str) -> Letters<F::Bro
         ids.push(
             app.publish(job(queue, n).kind(kind))
                 .await
-                .expect("publish"),
+                .expect("publish")
+                .into_id(),
         );
         app.drain().await;
         // Apart in time, so that "newest first" is well defined on every backend.
@@ -1869,7 +1887,8 @@ pub async fn abandoned_job_comes_back_when_advancing_past_its_lease<F: Fixture>(
             .with_broker(broker.clone(), mount),
     )
     .await;
-    first.publish(job(Q, 1)).await.expect("publish");
+    // `enqueue`: the first attempt hangs until the shutdown abandons it.
+    first.enqueue(job(Q, 1)).await.expect("publish");
     eventually("the first attempt runs", || probe.in_flight() == 1).await;
     first.stop().await;
 
@@ -1995,5 +2014,178 @@ pub async fn waiting_for_a_mount_slot_keeps_the_lease<F: Fixture>(fixture: F) {
     }
     assert_eq!(probe.max_in_flight.load(Ordering::SeqCst), 1);
     assert_empty(&app, Q, "after every job").await;
+    app.stop().await;
+}
+
+/// Fails every attempt, recording the job id it sees (`Ctx<keys::JobId>`).
+async fn fails_seeing_id(
+    msg: &Msg,
+    Data(p): Data<Arc<Probe>>,
+    Ctx(attempt): Ctx<keys::Attempt>,
+    Ctx(job_id): Ctx<keys::JobId>,
+) -> Result<(), LedgerClosed> {
+    p.see(Seen {
+        job_id: Some(job_id),
+        ..Seen::of(msg, attempt)
+    });
+    Err(ledger_closed())
+}
+
+/// One id per job: the id `publish` returns is the id every attempt's handler sees
+/// (`Ctx<keys::JobId>`), the harness records, and the job's dead letter keeps
+/// (`envelope.id()`), which the CLI shows and a replay selects by.
+pub async fn published_id_is_the_handlers_and_the_dead_letters<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_one_id";
+    let probe = Probe::new();
+    let broker = fixture.broker().await;
+    let dl = broker.default_dead_letter(Q);
+    let app = start(
+        &fixture,
+        service(&probe).with_broker(broker, |b| {
+            b.include(Subscriber::new(Q, fails_seeing_id).name("fails_seeing_id"))
+                .max_attempts(crate::nonzero!(2u32))
+                .dead_letter(dl.clone());
+        }),
+    )
+    .await;
+    let published = app.publish(job(Q, 1)).await.expect("publish");
+    assert!(published.is_stored(), "{published:?}");
+    let id = published.into_id();
+    app.drain().await;
+
+    let seen: Vec<Option<JobId>> = probe.seen().into_iter().map(|s| s.job_id).collect();
+    assert_eq!(
+        seen,
+        [Some(id.clone()), Some(id.clone())],
+        "each attempt's handler sees the id publish returned"
+    );
+    let records = app.outcomes("fails_seeing_id");
+    assert!(
+        records.len() == 2 && records.iter().all(|r| r.job_id == id),
+        "{records:?}"
+    );
+    let letters = app.dead_letters(&dl).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(
+        letters[0].envelope.id(),
+        &id,
+        "the dead letter keeps the id publish returned"
+    );
+    assert!(DeadSelector::Id(id.to_string()).matches(&letters[0]));
+    assert_empty(&app, Q, "after the dead letter").await;
+    app.stop().await;
+}
+
+/// A publish tells which jobs it stored: a job id published twice is stored once (the second
+/// report says "not stored"), and so is an id repeated inside one batch or already waiting;
+/// each stored job runs once, the first publication of its id.
+pub async fn duplicate_publishes_are_reported_not_stored<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_dup_report";
+    let probe = Probe::new();
+    let broker = fixture.broker().await;
+    let direct = connected(&broker).await;
+    let app = start(
+        &fixture,
+        service(&probe).with_broker(broker, |b| {
+            b.include(Subscriber::new(Q, acks).name("acks"));
+        }),
+    )
+    .await;
+    // Delayed, so that the first publication is surely still in the queue.
+    let id = JobId::from_string(format!("cf-dup-report-{}", JobId::new()));
+    let first = app
+        .publish(job(Q, 1).id(id.clone()).after(DELAY))
+        .await
+        .expect("publish");
+    let second = app
+        .publish(job(Q, 2).id(id.clone()).after(DELAY))
+        .await
+        .expect("publishing a duplicate is not an error");
+    assert_eq!((first.id(), first.is_stored()), (&id, true), "the first");
+    assert_eq!(
+        (second.id(), second.is_stored()),
+        (&id, false),
+        "the second: already there"
+    );
+
+    // One batch: a new id twice, and the id already waiting.
+    let other = JobId::from_string(format!("cf-dup-report-{}", JobId::new()));
+    let batch = crate::broker::Publish::publish_jobs(
+        &direct,
+        [
+            job(Q, 3).id(other.clone()).after(DELAY),
+            job(Q, 4).id(other.clone()).after(DELAY),
+            job(Q, 5).id(id.clone()).after(DELAY),
+        ],
+    )
+    .await
+    .expect("publishing a batch with duplicates is not an error");
+    let got: Vec<(JobId, bool)> = batch
+        .iter()
+        .map(|p| (p.id().clone(), p.is_stored()))
+        .collect();
+    assert_eq!(
+        got,
+        [(other.clone(), true), (other, false), (id, false)],
+        "one report per job, in order"
+    );
+    let stats = app.stats(Q).await;
+    assert_eq!(stats.delayed, 2, "two jobs stored: {stats:?}");
+
+    app.advance(DELAY + MARGIN).await;
+    let mut ran: Vec<(u64, Option<u32>)> = probe.seen().iter().map(|s| (s.n, s.attempt)).collect();
+    ran.sort_unstable();
+    assert_eq!(
+        ran,
+        [(1, Some(1)), (3, Some(1))],
+        "each stored job runs once, its first publication"
+    );
+    assert_empty(&app, Q, "after the jobs ran").await;
+    app.stop().await;
+}
+
+/// On the paused harness ([`TestApp::start`]), `publish` of a job due now returns once the job
+/// has settled, and whatever it caused at the same instant with it (a retry without delay),
+/// the clock unmoved: a test reads the outcome right after publishing. A delayed job is only
+/// stored. On a live fixture `publish` returns once the job is stored; `drain` settles it.
+pub async fn paused_publish_returns_once_the_job_has_settled<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_publish_settles";
+    let probe = Probe::new();
+    let broker = fixture.broker().await;
+    let dl = broker.default_dead_letter(Q);
+    let app = start(
+        &fixture,
+        service(&probe).with_broker(broker, |b| {
+            b.include(Subscriber::new(Q, retries_once).name("retries_once"))
+                .max_attempts(crate::nonzero!(3u32))
+                .dead_letter(dl.clone());
+        }),
+    )
+    .await;
+    let before = app.now();
+    app.publish(job(Q, 1)).await.expect("publish");
+    if !fixture.paused() {
+        app.drain().await;
+    }
+    let got = outcomes(&app, "retries_once");
+    assert!(
+        matches!(&got[..], [(1, Outcome::Retried { delay, .. }), (2, Outcome::Acked)] if delay.is_zero()),
+        "the job and its retry at once have settled when publish returns: {got:?}"
+    );
+    if fixture.paused() {
+        assert_eq!(app.now(), before, "the clock did not move");
+    }
+
+    app.publish(job(Q, 2).after(DELAY)).await.expect("publish");
+    assert_eq!(
+        outcomes(&app, "retries_once").len(),
+        2,
+        "a delayed job is only stored"
+    );
+    assert_eq!(app.stats(Q).await.delayed, 1);
+    app.advance(DELAY + MARGIN).await;
+    assert_eq!(probe.attempts_of(2), [Some(1), Some(2)], "run at its time");
+    assert_empty(&app, Q, "after both jobs").await;
+    assert!(app.dead_letters(&dl).await.is_empty());
     app.stop().await;
 }

@@ -79,7 +79,7 @@ pub mod testing;
 
 pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate};
 pub use broker::{
-    Broker, BrokerError, DeadLetter, DeadSelector, Publish, QueueStats, ReplayReport,
+    Broker, BrokerError, DeadLetter, DeadSelector, Publish, Published, QueueStats, ReplayReport,
 };
 pub use clock::Clock;
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt};

@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 
 use crate::broker::{
-    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, QueueStats,
-    ReplayReport, Settled, Settlement,
+    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, Published,
+    QueueStats, ReplayReport, Settled, Settlement,
 };
 use crate::clock::Clock;
 use crate::envelope::{Envelope, JobId};
@@ -336,17 +336,20 @@ impl Broker for MemoryBroker {
         &self,
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
-    ) -> Result<(), BrokerError> {
+    ) -> Result<Vec<Published>, BrokerError> {
         let now = self.now();
+        let mut out = Vec::with_capacity(jobs.len());
         {
             let mut mem = self.mem();
             let Mem { queues, seq, .. } = &mut *mem;
             let q = queues.entry(queue.to_owned()).or_default();
             for (envelope, at) in jobs {
                 if !q.ids.insert(envelope.id().clone()) {
-                    tracing::debug!(job_id = %envelope.id(), "already in the queue: not added twice");
+                    crate::broker::log_not_stored(queue, envelope.id());
+                    out.push(Published::already_there(envelope.id().clone()));
                     continue;
                 }
+                out.push(Published::stored(envelope.id().clone()));
                 *seq += 1;
                 q.waiting.insert(
                     (at.unwrap_or(now).max(now), *seq),
@@ -358,7 +361,7 @@ impl Broker for MemoryBroker {
             }
         }
         self.inner.changed.notify_waiters();
-        Ok(())
+        Ok(out)
     }
 
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {

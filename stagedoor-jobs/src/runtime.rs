@@ -16,7 +16,7 @@ use crate::broker::{
     ReplayReport, Settled, Settlement,
 };
 use crate::clock::Clock;
-use crate::envelope::{Envelope, Job, JobId};
+use crate::envelope::{Envelope, Job};
 use crate::extract::{JobContext, State};
 use crate::handler::{BoxFuture, Ran};
 use crate::health::{Board, TaskCell, lock};
@@ -74,7 +74,7 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
         self: Arc<Self>,
         ctx: &'a RunCtx,
     ) -> BoxFuture<'a, Result<Vec<JoinHandle<()>>, BrokerError>>;
-    fn publish(&self, job: Job) -> BoxFuture<'_, Result<JobId, BrokerError>>;
+    fn publish(&self, job: Job) -> BoxFuture<'_, Result<crate::broker::Published, BrokerError>>;
     fn try_lock<'a>(
         &'a self,
         key: &'a str,
@@ -241,13 +241,8 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
             Ok(handles)
         })
     }
-    fn publish(&self, job: Job) -> BoxFuture<'_, Result<JobId, BrokerError>> {
-        Box::pin(async move {
-            let (queue, envelope, at) = job.into_parts(self.broker.clock().now());
-            let id = envelope.id().clone();
-            self.broker.publish(&queue, vec![(envelope, at)]).await?;
-            Ok(id)
-        })
+    fn publish(&self, job: Job) -> BoxFuture<'_, Result<crate::broker::Published, BrokerError>> {
+        Box::pin(crate::broker::Publish::publish_job(&self.broker, job))
     }
     fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>> {
         Box::pin(self.broker.stats(queue))

@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::broker::{Broker, BrokerError, Problem};
 use crate::clock::Clock;
-use crate::envelope::{Job, JobId};
+use crate::envelope::Job;
 use crate::extract::State;
 use crate::handler::BoxFuture;
 use crate::health::{Board, Health};
@@ -528,8 +528,10 @@ impl fmt::Debug for Running {
 
 impl Running {
     /// Publishes a job through the broker that serves its queue (the first broker when none
-    /// mounts it).
-    pub async fn publish(&self, job: Job) -> Result<JobId, BrokerError> {
+    /// mounts it). Returns its id as stored and whether it was stored (see
+    /// [`Published`](crate::broker::Published)): a job whose id is already in its queue is
+    /// not added twice.
+    pub async fn publish(&self, job: Job) -> Result<crate::broker::Published, BrokerError> {
         let route = self
             .routes
             .iter()

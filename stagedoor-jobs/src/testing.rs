@@ -19,8 +19,11 @@
 //!         .backoff(Exponential::new(Duration::from_secs(1), Duration::from_secs(60)));
 //! });
 //! let app = TestApp::start(service).await.unwrap();
-//! app.publish(Job::new("emails", "ada@example.com").unwrap()).await.unwrap();
-//! app.drain().await;
+//! // On the paused clock, `publish` returns once the job due now has settled: the first
+//! // attempt ran and was retried (its retry is due in 1 s).
+//! let published = app.publish(Job::new("emails", "ada@example.com").unwrap()).await.unwrap();
+//! assert!(published.is_stored());
+//! assert_eq!(app.outcomes("send").len(), 1);
 //! // One advance runs the whole chain of delayed retries: 1 s, 2 s, 4 s.
 //! app.advance(Duration::from_secs(120)).await;
 //! let outcomes: Vec<_> = app.outcomes("send").into_iter().map(|r| r.outcome).collect();
@@ -35,7 +38,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::broker::{BrokerError, DeadLetter, DeadSelector, QueueStats, ReplayReport, Settlement};
+use crate::broker::{
+    BrokerError, DeadLetter, DeadSelector, Published, QueueStats, ReplayReport, Settlement,
+};
 use crate::clock::Clock;
 use crate::envelope::{Envelope, Job, JobId};
 use crate::outcome::FailureCause;
@@ -209,8 +214,53 @@ impl TestApp {
         self.running().health()
     }
 
-    /// Publishes a job as the service's own publisher would.
-    pub async fn publish(&self, job: Job) -> Result<JobId, BrokerError> {
+    /// Publishes a job as the service's own publisher would; returns its id as stored and
+    /// whether it was stored (see [`Published`]: a job whose id is already in its queue is not
+    /// added twice).
+    ///
+    /// On the paused harness ([`start`](Self::start)) a job due now has settled when this
+    /// returns: it ran, and so did whatever it caused at the same instant (a retry without
+    /// delay, its dead letter's subscriber), the clock unmoved, as [`drain`](Self::drain)
+    /// runs them. So a test reads the outcome right after publishing:
+    ///
+    /// ```ignore
+    /// app.publish(Job::new("emails", &mail)?).await?;
+    /// assert_eq!(app.outcomes("send").len(), 1);
+    /// ```
+    ///
+    /// A delayed job (`Job::after`, `Job::at`) is only stored: [`advance`](Self::advance) runs
+    /// it. A test whose handler waits for something the test does after publishing (a gate it
+    /// opens, a shutdown) publishes with [`enqueue`](Self::enqueue), which returns at once;
+    /// here `publish` would wait for the handler, then panic after
+    /// [`drain_timeout`](Self::drain_timeout).
+    ///
+    /// On the live harness ([`start_live`](Self::start_live)) `publish` returns once the job is
+    /// stored, like a producer's: call [`drain`](Self::drain) before reading the outcome.
+    pub async fn publish(&self, job: Job) -> Result<Published, BrokerError> {
+        let due_now = !self.live
+            && job
+                .run_at()
+                .resolve(self.now())
+                .is_none_or(|t| t <= self.now());
+        let published = self.running().publish(job).await?;
+        if due_now {
+            self.drain_or_panic(|busy| {
+                format!(
+                    "TestApp::publish: job `{}` has not settled after {:?}: {busy}. On the paused harness a publish waits for the job it makes due; a handler that waits for the test must be published with TestApp::enqueue",
+                    published.id(),
+                    self.drain_timeout
+                )
+            })
+            .await;
+        }
+        Ok(published)
+    }
+
+    /// Publishes a job and returns as soon as it is stored, on either harness: its handler may
+    /// run meanwhile or later ([`drain`](Self::drain) and [`advance`](Self::advance) wait for
+    /// it). For a test whose handler waits for something the test does after publishing; to
+    /// read a job's outcome, use [`publish`](Self::publish).
+    pub async fn enqueue(&self, job: Job) -> Result<Published, BrokerError> {
         self.running().publish(job).await
     }
 
@@ -232,6 +282,17 @@ impl TestApp {
     /// Runs until every subscribed queue is idle: nothing due, nothing running. Delayed jobs
     /// stay delayed. Panics with what is still busy after [`drain_timeout`](Self::drain_timeout).
     pub async fn drain(&self) {
+        self.drain_or_panic(|busy| {
+            format!(
+                "TestApp::drain: still busy after {:?}: {busy}",
+                self.drain_timeout
+            )
+        })
+        .await;
+    }
+
+    /// [`drain`](Self::drain), panicking with `message(what is busy)` after the drain timeout.
+    async fn drain_or_panic(&self, message: impl Fn(&str) -> String) {
         let started = tokio::time::Instant::now();
         // Deliveries the broker reports as running that no handler of this app holds (a worker
         // that died, a handler abandoned at a shutdown deadline) are not waited for: their
@@ -279,11 +340,7 @@ impl TestApp {
                 return;
             }
             if started.elapsed() > self.drain_timeout {
-                panic!(
-                    "TestApp::drain: still busy after {:?}: {}",
-                    self.drain_timeout,
-                    busy.join("; ")
-                );
+                panic!("{}", message(&busy.join("; ")));
             }
             tokio::time::sleep(Duration::from_millis(if self.live { 20 } else { 1 })).await;
         }

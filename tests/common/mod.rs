@@ -379,12 +379,16 @@ impl Db for Lite {
 
     async fn publish<R: Inbox>(route: &Self::Route<R>, job: Job) -> JobId {
         route.connect().await.expect("connect the route");
-        route.publish(job).await.expect("publish")
+        route.publish(job).await.expect("publish").into_id()
     }
 
     async fn publish_in<R: Inbox>(&self, route: &Self::Route<R>, job: Job, commit: bool) -> JobId {
         let mut tx = self.pool.begin().await.expect("begin");
-        let id = route.publish_in(&mut tx, job).await.expect("publish_in");
+        let id = route
+            .publish_in(&mut tx, job)
+            .await
+            .expect("publish_in")
+            .into_id();
         if commit {
             tx.commit().await.expect("commit");
         } else {
@@ -523,12 +527,16 @@ impl Db for Pg {
 
     async fn publish<R: Inbox>(route: &Self::Route<R>, job: Job) -> JobId {
         route.connect().await.expect("connect the route");
-        route.publish(job).await.expect("publish")
+        route.publish(job).await.expect("publish").into_id()
     }
 
     async fn publish_in<R: Inbox>(&self, route: &Self::Route<R>, job: Job, commit: bool) -> JobId {
         let mut tx = self.pool.begin().await.expect("begin");
-        let id = route.publish_in(&mut tx, job).await.expect("publish_in");
+        let id = route
+            .publish_in(&mut tx, job)
+            .await
+            .expect("publish_in")
+            .into_id();
         if commit {
             tx.commit().await.expect("commit");
         } else {

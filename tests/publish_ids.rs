@@ -1,0 +1,347 @@
+//! One id per job, on every SQL table layout (issue 12, items 6 and 8): the id `publish`
+//! returns is the id the handler sees (`Ctx<keys::JobId>`), the harness records and the dead
+//! letter keeps, whether the database generates the row id or the publisher mints it, with or
+//! without a headers column, in the group form and the table form of dead letters; and a
+//! publish tells which jobs it stored.
+//!
+//! Each behaviour runs on SQLite (a fresh file) and Postgres (a fresh schema of
+//! `DATABASE_URL`; a missing URL is a failure). The backend-neutral rows (every backend,
+//! Redis and memory included) are in the conformance suite:
+//! `published_id_is_the_handlers_and_the_dead_letters`,
+//! `duplicate_publishes_are_reported_not_stored`,
+//! `paused_publish_returns_once_the_job_has_settled`.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{Db, Sql, ddl};
+use serde::{Deserialize, Serialize};
+use stagedoor_jobs::{Broker, Data, DeadSelector, Publish, Published};
+use stagedoor_jobs_sqlx::prelude::*;
+
+/// The group-form tables: `{id}` is filled per database (an integer key the database fills).
+const GROUP_DDL: &str = "
+CREATE TABLE row_id_jobs (id {id}, name TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 1,
+    retry_after {time} NOT NULL, locked_until {time}, payload {bytes} NOT NULL);
+CREATE TABLE row_id_headers_jobs (id {id}, name TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 1,
+    retry_after {time} NOT NULL, locked_until {time}, payload {bytes} NOT NULL, headers TEXT);
+CREATE TABLE text_id_jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, attempt INTEGER NOT NULL DEFAULT 1,
+    retry_after {time} NOT NULL, locked_until {time}, payload {bytes} NOT NULL);
+CREATE TABLE plain_row_id_jobs (id {serial}, attempt INTEGER NOT NULL DEFAULT 1,
+    retry_after {time} NOT NULL, locked_until {time}, payload {bytes} NOT NULL);
+CREATE TABLE plain_row_id_dead (id {serial}, attempt INTEGER NOT NULL DEFAULT 1,
+    retry_after {time} NOT NULL, locked_until {time}, payload {bytes} NOT NULL);
+";
+
+/// The README's mailer table: the database generates the id, no headers column.
+#[derive(Inbox)]
+#[inbox(table = "row_id_jobs")]
+#[allow(dead_code)]
+struct RowId {
+    #[field(id, generated)]
+    id: i64,
+    #[field(group)]
+    name: String,
+    #[field(attempt, generated)]
+    attempt: i16,
+    #[field(retry_after)]
+    retry_after: DateTime<Utc>,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+}
+
+/// A generated id and a headers column (which keeps the envelope's id).
+#[derive(Inbox)]
+#[inbox(table = "row_id_headers_jobs")]
+#[allow(dead_code)]
+struct RowIdHeaders {
+    #[field(id, generated)]
+    id: i64,
+    #[field(group)]
+    name: String,
+    #[field(attempt, generated)]
+    attempt: i16,
+    #[field(retry_after)]
+    retry_after: DateTime<Utc>,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+    #[field(headers)]
+    headers: Option<String>,
+}
+
+/// A text id the publisher mints (the job id is the row id).
+#[derive(Inbox)]
+#[inbox(table = "text_id_jobs")]
+#[allow(dead_code)]
+struct TextId {
+    #[field(id)]
+    id: String,
+    #[field(group)]
+    name: String,
+    #[field(attempt, generated)]
+    attempt: i16,
+    #[field(retry_after)]
+    retry_after: DateTime<Utc>,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+}
+
+/// No group column, a generated id, no headers: dead letters move to `plain_row_id_dead`.
+#[derive(Inbox)]
+#[inbox(table = "plain_row_id_jobs")]
+#[allow(dead_code)]
+struct PlainRowId {
+    #[field(id, generated)]
+    id: i64,
+    #[field(attempt, generated)]
+    attempt: i16,
+    #[field(retry_after)]
+    retry_after: DateTime<Utc>,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Msg {
+    n: u64,
+}
+
+fn job(queue: &str, n: u64) -> Job {
+    Job::new(queue, &Msg { n }).expect("encodes")
+}
+
+/// What the handler saw: (message, attempt, job id).
+type Seen = Arc<Mutex<Vec<(u64, u32, JobId)>>>;
+
+/// Fails every attempt, recording the job id it sees.
+async fn fails(
+    msg: &Msg,
+    Data(seen): Data<Seen>,
+    Ctx(attempt): Ctx<keys::Attempt>,
+    Ctx(id): Ctx<keys::JobId>,
+) -> Result<(), std::io::Error> {
+    seen.lock()
+        .expect("lock")
+        .push((msg.n, attempt.unwrap_or(0), id));
+    Err(std::io::Error::other("the provider is down"))
+}
+
+/// Publishes job 1 with `app.publish`, jobs 2 and 3 in one batch through the route
+/// (`publish_jobs`: the multi-row path), each failing twice into `dead`; then checks that each
+/// job's id is the same everywhere: what publish returned, what every attempt's handler saw,
+/// what the harness recorded, what the dead letter keeps (and selects it by).
+async fn one_id_per_job<D: Db, R: Inbox>(tag: &str, queue: &'static str, dead: &str) {
+    let db = D::fresh(tag, &ddl::<D>(GROUP_DDL)).await;
+    let route = D::route::<R>(&db.broker(), queue);
+    let seen: Seen = Arc::default();
+    let dead_letter = dead.to_owned();
+    let service = Service::new(AppInfo::new("ids", "0.1.0"))
+        .state(Arc::clone(&seen))
+        .with_broker(route.clone(), |b| {
+            b.include(Subscriber::new(queue, fails).name("fails"))
+                .max_attempts(nonzero!(2u32))
+                .dead_letter(dead_letter);
+        });
+    let app = TestApp::start_live(service).await.expect("start");
+    let first = app.publish(job(queue, 1)).await.expect("publish");
+    route.connect().await.expect("connect");
+    let batch = route
+        .publish_jobs([job(queue, 2), job(queue, 3)])
+        .await
+        .expect("publish_jobs");
+    let published: Vec<Published> = std::iter::once(first).chain(batch).collect();
+    assert!(published.iter().all(Published::is_stored), "{published:?}");
+    app.drain().await;
+
+    let seen = seen.lock().expect("lock").clone();
+    let letters = app.dead_letters(dead).await;
+    for (n, p) in (1..=3).zip(&published) {
+        let id = p.id();
+        let handler: Vec<&JobId> = seen.iter().filter(|s| s.0 == n).map(|s| &s.2).collect();
+        assert_eq!(
+            handler,
+            [id, id],
+            "job {n}: each attempt's handler sees the id publish returned ({}, {tag})",
+            D::NAME
+        );
+        let records = app
+            .outcomes("fails")
+            .iter()
+            .filter(|r| r.job_id == *id)
+            .count();
+        assert_eq!(records, 2, "job {n}: the harness records its id");
+        let letter: Vec<_> = letters
+            .iter()
+            .filter(|d| serde_json::from_slice::<Msg>(d.envelope.payload()).is_ok_and(|m| m.n == n))
+            .collect();
+        assert!(
+            matches!(&letter[..], [d] if d.envelope.id() == id),
+            "job {n}: the dead letter keeps the id publish returned {id}: {letters:?}"
+        );
+        assert!(DeadSelector::Id(id.to_string()).matches(letter[0]));
+    }
+    let ids: std::collections::HashSet<&JobId> = published.iter().map(Published::id).collect();
+    assert_eq!(ids.len(), 3, "three jobs, three ids: {published:?}");
+    app.stop().await;
+}
+
+/// The README's mailer table (generated id, no headers): the job's id is its row id, and
+/// publish returns it (it returned a UUID the handler never saw).
+async fn generated_id_without_headers<D: Db>() {
+    one_id_per_job::<D, RowId>("row_id", "emails", "emails.dead").await;
+}
+
+/// A generated id with a headers column: the envelope's id is kept there.
+async fn generated_id_with_headers<D: Db>() {
+    one_id_per_job::<D, RowIdHeaders>("row_id_headers", "emails", "emails.dead").await;
+}
+
+/// A text id the publisher mints: the row id is the job id.
+async fn publisher_minted_text_id<D: Db>() {
+    one_id_per_job::<D, TextId>("text_id", "emails", "emails.dead").await;
+}
+
+/// No group column, a generated id, no headers: the dead letter moves to another table with
+/// its row id, which is the job's id.
+async fn table_form_generated_id<D: Db>() {
+    one_id_per_job::<D, PlainRowId>("plain_row_id", "plain_row_id_jobs", "plain_row_id_dead").await;
+}
+
+/// A publish tells which jobs it stored, through the route's own API too: a text id already in
+/// the table is not stored again (`publish`, `publish_in`, a batch with the id twice), and the
+/// job runs once.
+async fn route_reports_duplicates<D: Db>() {
+    let db = D::fresh("dup_route", &ddl::<D>(GROUP_DDL)).await;
+    let route = D::route::<TextId>(&db.broker(), "emails");
+    route.connect().await.expect("connect");
+    let id = JobId::from_string("invoice-42");
+    let first = route
+        .publish_job(job("emails", 1).id(id.clone()))
+        .await
+        .expect("publish");
+    let again = route
+        .publish_job(job("emails", 2).id(id.clone()))
+        .await
+        .expect("publish a known id");
+    assert_eq!((first.id(), first.is_stored()), (&id, true));
+    assert_eq!(
+        (again.id(), again.is_stored()),
+        (&id, false),
+        "already there"
+    );
+    let other = JobId::from_string("invoice-43");
+    let batch: Vec<(JobId, bool)> = route
+        .publish_jobs([
+            job("emails", 3).id(other.clone()),
+            job("emails", 4).id(id.clone()),
+            job("emails", 5).id(other.clone()),
+        ])
+        .await
+        .expect("publish_jobs")
+        .into_iter()
+        .map(|p| (p.id().clone(), p.is_stored()))
+        .collect();
+    assert_eq!(
+        batch,
+        [(other.clone(), true), (id.clone(), false), (other, false)]
+    );
+    let rows = db
+        .rows("SELECT CAST(COUNT(*) AS BIGINT) FROM text_id_jobs".to_owned())
+        .await;
+    assert_eq!(rows[0][0].int(), 2, "two rows stored");
+    let stats = route.stats("emails").await.expect("stats");
+    assert_eq!(stats.ready, 2, "{stats:?}");
+}
+
+/// `route.publish_in(&mut tx, job)` reports a known id as not stored.
+async fn publish_in_reports_duplicates_sqlite() {
+    let db = common::Lite::fresh("dup_in", &ddl::<common::Lite>(GROUP_DDL)).await;
+    let route = db.broker().route::<TextId>("emails");
+    route.connect().await.expect("connect");
+    let pool = route.broker().pool().expect("connected pool").clone();
+    let id = JobId::from_string("receipt-7");
+    let mut tx = pool.begin().await.expect("begin");
+    let first = route
+        .publish_in(&mut tx, job("emails", 1).id(id.clone()))
+        .await
+        .expect("publish_in");
+    let again = route
+        .publish_in(&mut tx, job("emails", 2).id(id.clone()))
+        .await
+        .expect("publish_in a known id");
+    tx.commit().await.expect("commit");
+    assert_eq!((first.id(), first.is_stored()), (&id, true));
+    assert_eq!((again.id(), again.is_stored()), (&id, false));
+}
+
+/// On a generated-id table without headers, `publish_in` returns the new row's id.
+async fn publish_in_returns_the_row_id_postgres() {
+    let db = common::Pg::fresh("row_id_in", &ddl::<common::Pg>(GROUP_DDL)).await;
+    let route = db.broker().route::<RowId>("emails");
+    route.connect().await.expect("connect");
+    let pool = route.broker().pool().expect("connected pool").clone();
+    let mut tx = pool.begin().await.expect("begin");
+    let a = route
+        .publish_in(&mut tx, job("emails", 1))
+        .await
+        .expect("publish_in");
+    let b = route
+        .publish_in(&mut tx, job("emails", 2))
+        .await
+        .expect("publish_in");
+    tx.commit().await.expect("commit");
+    let rows = db
+        .rows("SELECT CAST(id AS TEXT) FROM row_id_jobs ORDER BY id".to_owned())
+        .await;
+    let stored: Vec<String> = rows.iter().filter_map(|r| r[0].text()).collect();
+    assert_eq!(
+        stored,
+        [a.id().to_string(), b.id().to_string()],
+        "publish_in returns the row ids"
+    );
+    assert!(a.is_stored() && b.is_stored());
+}
+
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name::<crate::common::Lite>().await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name::<crate::common::Pg>().await;
+                }
+            }
+        )*
+    };
+}
+
+on_both!(
+    generated_id_without_headers,
+    generated_id_with_headers,
+    publisher_minted_text_id,
+    table_form_generated_id,
+    route_reports_duplicates,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_in_reports_duplicates() {
+    publish_in_reports_duplicates_sqlite().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_in_returns_the_row_id() {
+    publish_in_returns_the_row_id_postgres().await;
+}
