@@ -783,6 +783,12 @@ macro_rules! impl_broker {
                 let Ok(pool) = self.pool() else {
                     return vec![Problem { mount: "*".to_owned(), message: "the broker is not connected".to_owned() }];
                 };
+                // Each role's column type against what the row's field needs, all at once; when
+                // one is wrong, the statements' preparation below would only add the database's
+                // first error about it.
+                let column_problems = crate::columns::check::<$db>(pool, table).await;
+                let columns_ok = column_problems.is_empty();
+                problems.extend(column_problems.into_iter().map(|message| Problem { mount: format!("table `{}`", table.name), message }));
                 // Every statement this route will run, prepared against the table now: a
                 // missing or misspelt column stops the service with its name.
                 let named: [(&str, &Stmt); 12] = [
@@ -799,6 +805,7 @@ macro_rules! impl_broker {
                     ("purge", &stmts.purge),
                     ("next due", &stmts.next_due),
                 ];
+                let named: &[(&str, &Stmt)] = if columns_ok { &named } else { &[] };
                 for (name, stmt) in named {
                     if Statements::lacks(stmt) {
                         continue;
