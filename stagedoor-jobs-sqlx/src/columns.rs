@@ -260,12 +260,32 @@ pub(crate) fn compare(flavor: crate::sql::Flavor, table: &Table, layout: &Layout
     .filter_map(|(role, c)| c.map(|column| Role { role, column }))
     .collect();
 
+    // Columns of the table that no field names: where a role's column is missing, likely the
+    // one meant (a misspelling), named with it rather than as a problem of its own.
+    let unnamed: Vec<String> = layout
+        .columns
+        .iter()
+        .filter(|f| {
+            !table.columns.contains(&f.name.as_str())
+                && !roles.iter().any(|r| r.column.name == f.name)
+        })
+        .map(|f| format!("`{}`", f.name))
+        .collect();
+    let mut missing = false;
     let mut problems = Vec::new();
     for r in &roles {
         let Some(found) = layout.columns.iter().find(|f| f.name == r.column.name) else {
+            missing = true;
             problems.push(format!(
-                "table `{}` has no column `{}` (the `{}` field): add it, or name the field after the column that plays its role",
-                table.name, r.column.name, r.role
+                "table `{}` has no column `{}` (the `{}` field): add it, or name the field after the column that plays its role{}",
+                table.name,
+                r.column.name,
+                r.role,
+                if unnamed.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (columns no field names: {})", unnamed.join(", "))
+                }
             ));
             continue;
         };
@@ -308,6 +328,9 @@ pub(crate) fn compare(flavor: crate::sql::Flavor, table: &Table, layout: &Layout
             .any(|r| r.column.name == name && matches!(r.role, "id" | "attempt" | "locked_until"))
     };
     for f in &layout.columns {
+        if missing && unnamed.contains(&format!("`{}`", f.name)) {
+            continue;
+        }
         if written(&f.name) || checked(&f.name) || !f.not_null || f.has_default {
             continue;
         }
