@@ -356,7 +356,6 @@ async fn several_wrong_columns_are_listed_at_once<D: Db>() {
     };
     let db = D::fresh("colmany", &mail.ddl()).await;
     let (problems, text) = refused(mail_service(&db)).await;
-    eprintln!("{text}");
     assert_eq!(problems.len(), 5, "{text}");
     for column in ["id", "attempt", "retry_after", "locked_until", "payload"] {
         assert!(
@@ -383,6 +382,84 @@ async fn a_column_publish_leaves_out_must_be_filled<D: Db>() {
     assert_eq!(problems.len(), 1, "{text}");
     assert!(problems[0].message.contains("column `owner`"), "{text}");
     assert!(problems[0].message.contains("without a default"), "{text}");
+}
+
+/// A table without a group: its dead letters move to another table, by copy of every column.
+#[derive(Inbox)]
+#[inbox(table = "plain_jobs")]
+#[allow(dead_code)]
+struct PlainJob {
+    #[field(id, generated)]
+    id: i64,
+    #[field(attempt, generated)]
+    attempt: i32,
+    #[field(retry_after)]
+    retry_after: chrono::DateTime<chrono::Utc>,
+    #[field(locked_until)]
+    locked_until: Option<chrono::DateTime<chrono::Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+    #[field(last_error)]
+    last_error: Option<String>,
+}
+
+fn plain_service<D: Db>(db: &D) -> Service {
+    service().with_broker(D::route::<PlainJob>(&db.broker(), "plain"), |b| {
+        b.include(Subscriber::new("plain", send).name("send"))
+            .max_attempts(nonzero!(3u32))
+            .dead_letter("plain_jobs_dead");
+    })
+}
+
+/// The dead-letter table's columns are checked as well: a `TEXT` payload there would take the
+/// bytes as text. Its id needs no default (a dead letter keeps its id).
+async fn a_dead_letter_table_of_wrong_types_is_refused<D: Db>() {
+    let (id, dead_id, time, bytes) = if D::NAME == "sqlite" {
+        (
+            "INTEGER PRIMARY KEY AUTOINCREMENT",
+            "INTEGER PRIMARY KEY",
+            "TEXT",
+            "BLOB",
+        )
+    } else {
+        (
+            "BIGSERIAL PRIMARY KEY",
+            "BIGINT PRIMARY KEY",
+            "TIMESTAMPTZ",
+            "BYTEA",
+        )
+    };
+    let ddl = |dead_payload: &str| {
+        format!(
+            "CREATE TABLE plain_jobs (id {id}, attempt INTEGER NOT NULL DEFAULT 1, retry_after {time} NOT NULL,
+                locked_until {time}, payload {bytes} NOT NULL, last_error TEXT);
+             CREATE TABLE plain_jobs_dead (id {dead_id}, attempt INTEGER NOT NULL, retry_after {time} NOT NULL,
+                locked_until {time}, payload {dead_payload} NOT NULL, last_error TEXT);"
+        )
+    };
+    let db = D::fresh("coldeadok", &ddl(bytes)).await;
+    plain_service(&db)
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("a dead table without id default starts: {e}"))
+        .shutdown()
+        .await;
+
+    let db = D::fresh("coldead", &ddl("TEXT")).await;
+    let (problems, text) = refused(plain_service(&db)).await;
+    assert_eq!(problems.len(), 1, "{text}");
+    assert_eq!(problems[0].mount, "mount `send` on queue `plain`", "{text}");
+    let m = &problems[0].message;
+    assert!(
+        m.starts_with("dead-letter table `plain_jobs_dead`: column `payload`"),
+        "{text}"
+    );
+    let (found, expected) = if D::NAME == "sqlite" {
+        ("is `TEXT`", "expected `BLOB`")
+    } else {
+        ("is `text`", "expected `bytea`")
+    };
+    assert!(m.contains(found) && m.contains(expected), "{text}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -475,5 +552,6 @@ on_both!(
     generated_text_id_without_default_is_refused,
     several_wrong_columns_are_listed_at_once,
     a_column_publish_leaves_out_must_be_filled,
+    a_dead_letter_table_of_wrong_types_is_refused,
     the_good_tables_start,
 );

@@ -854,7 +854,7 @@ macro_rules! impl_broker {
                         if !self.grouped() {
                             match self.dead_table(dead) {
                                 Err(e) => problems.push(Problem { mount: who(m), message: format!("{e}") }),
-                                Ok(_) => {
+                                Ok(dead_stmts) => {
                                     let copy = stmts.copy_into(dead, true);
                                     if let Err(e) = sqlx::Executor::prepare(pool, sqlx::SqlSafeStr::into_sql_str(AssertSqlSafe(copy.sql.clone()))).await {
                                         problems.push(Problem {
@@ -864,6 +864,10 @@ macro_rules! impl_broker {
                                                 table.name
                                             ),
                                         });
+                                    } else {
+                                        for message in crate::columns::check_dead_table::<$db>(pool, &dead_stmts.table).await {
+                                            problems.push(Problem { mount: who(m), message: format!("dead-letter table `{dead}`: {message}") });
+                                        }
                                     }
                                 }
                             }
