@@ -33,6 +33,7 @@
 //! ```
 
 mod broker;
+mod columns;
 mod floor;
 mod headers;
 mod queue;

@@ -844,6 +844,12 @@ macro_rules! impl_broker {
                 let Ok(pool) = self.pool() else {
                     return vec![Problem { mount: "*".to_owned(), message: "the broker is not connected".to_owned() }];
                 };
+                // Each role's column type against what the row's field needs, all at once; when
+                // one is wrong, the statements' preparation below would only add the database's
+                // first error about it.
+                let column_problems = crate::columns::check::<$db>(pool, table).await;
+                let columns_ok = column_problems.is_empty();
+                problems.extend(column_problems.into_iter().map(|message| Problem { mount: format!("table `{}`", table.name), message }));
                 // Every statement this route will run, prepared against the table now: a
                 // missing or misspelt column stops the service with its name.
                 let named: [(&str, &Stmt); 12] = [
@@ -860,6 +866,7 @@ macro_rules! impl_broker {
                     ("purge", &stmts.purge),
                     ("next due", &stmts.next_due),
                 ];
+                let named: &[(&str, &Stmt)] = if columns_ok { &named } else { &[] };
                 for (name, stmt) in named {
                     if Statements::lacks(stmt) {
                         continue;
@@ -908,7 +915,7 @@ macro_rules! impl_broker {
                         if !self.grouped() {
                             match self.dead_table(dead) {
                                 Err(e) => problems.push(Problem { mount: who(m), message: format!("{e}") }),
-                                Ok(_) => {
+                                Ok(dead_stmts) => {
                                     let copy = stmts.copy_into(dead, true);
                                     if let Err(e) = sqlx::Executor::prepare(pool, sqlx::SqlSafeStr::into_sql_str(AssertSqlSafe(copy.sql.clone()))).await {
                                         problems.push(Problem {
@@ -918,6 +925,10 @@ macro_rules! impl_broker {
                                                 table.name
                                             ),
                                         });
+                                    } else {
+                                        for message in crate::columns::check_dead_table::<$db>(pool, &dead_stmts.table).await {
+                                            problems.push(Problem { mount: who(m), message: format!("dead-letter table `{dead}`: {message}") });
+                                        }
                                     }
                                 }
                             }
