@@ -439,6 +439,45 @@ async fn a_negative_attempt_never_gets_around_the_cap<D: Db>() {
     assert_eq!(letters[0].attempts, 3, "{letters:?}");
 }
 
+/// The dead-letter statement binds the attempts spent as a 64-bit integer: on the connection
+/// that the startup check prepared it on (which types the value as the `SMALLINT` column),
+/// it still moves the row (it failed with "incorrect binary data format"). Two connections:
+/// `LISTEN` holds one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_dead_letter_into_a_smallint_column_on_the_checked_connection() {
+    const Q: &str = "jobs";
+    let db = Pg::fresh("one", &jobs_ddl::<Pg>("SMALLINT")).await;
+    let broker = stagedoor_jobs_sqlx::SqlxBroker::from_url(
+        db.url.clone(),
+        common::pg_options(&db.schema).max_connections(2),
+    )
+    .poll_interval(Duration::from_millis(20));
+    let route = Pg::route::<Jobs>(&broker, Q);
+    let probe = Arc::new(Probe::default());
+    let app = start(service(&probe).with_broker(route.clone(), |b| {
+        b.include(Subscriber::new(Q, work).name("work"))
+            .backoff(Fixed::new(Duration::from_millis(10)))
+            .max_attempts(nonzero!(2u32))
+            .dead_letter("jobs.dead");
+    }))
+    .await;
+    app.publish(job(Q, 9, true)).await.expect("publish");
+    eventually("the job is a dead letter", PATIENCE, || async {
+        count(
+            &db,
+            "SELECT COUNT(*) FROM bad_jobs WHERE queue = 'jobs.dead'",
+        )
+        .await
+            == 1
+    })
+    .await;
+    app.stop().await;
+    assert_eq!(
+        count(&db, "SELECT CAST(attempt AS BIGINT) FROM bad_jobs").await,
+        2
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Item 5: a dead letter's attempts are the attempts spent
 // ---------------------------------------------------------------------------------------------

@@ -710,7 +710,9 @@ macro_rules! impl_for {
                     match time_at(row, i) {
                         Ok(t) => t,
                         Err(value) => {
-                            tracing::warn!(table = self.table().name, "{what}: a row holds {value}, which is not a timestamp; ignored");
+                            // Debug only: the claim loop asks for the next due time on every
+                            // poll, and a row that is never due would repeat this each time.
+                            tracing::debug!(table = self.table().name, "{what}: a row holds {value}, which is not a timestamp; ignored");
                             None
                         }
                     }

@@ -96,6 +96,13 @@ fn delivery_of(a: &str, flavor: Flavor) -> String {
     }
 }
 
+/// The bound attempt count `p`, typed: a statement prepared without argument types (the
+/// startup check) would otherwise type it as the column (`SMALLINT`), and the driver's 8-byte
+/// value would then not fit the cached statement.
+fn attempt_param(p: &str) -> String {
+    format!("CAST({p} AS BIGINT)")
+}
+
 /// The value a claim writes into the `attempt` column `a`: the next delivery's number,
 /// saturating at `MAX_ATTEMPT`, so that it fits a `SMALLINT` column and never stops a claim.
 fn next_of(a: &str, flavor: Flavor) -> String {
@@ -349,7 +356,7 @@ impl Statements {
             // sees that number on its first delivery of it, and a listing reports it.
             if let Some(a) = &attempt {
                 let p = s.p(P::Attempt);
-                sets.push(format!("{a} = {p}"));
+                sets.push(format!("{a} = {}", attempt_param(&p)));
             }
             if let Some(d) = &due {
                 let p = s.p(P::Now);
@@ -526,7 +533,7 @@ impl Statements {
                     sets.push(format!("{a} = 1"));
                 } else {
                     let p = s.p(P::Attempt);
-                    sets.push(format!("{a} = {p}"));
+                    sets.push(format!("{a} = {}", attempt_param(&p)));
                 }
             }
             if let Some(d) = &due {
