@@ -1626,3 +1626,47 @@ mod postgres_broker {
     use super::*;
     impl_broker!(sqlx::Postgres, postgres_impl);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_numbers_saturate_and_never_wrap() {
+        assert_eq!(
+            attempt_number(Some(-32_768), 1),
+            1,
+            "below 1: a first delivery"
+        );
+        assert_eq!(attempt_number(Some(0), 1), 1);
+        assert_eq!(attempt_number(None, 1), 1);
+        assert_eq!(attempt_number(Some(5), 1), 5);
+        assert_eq!(attempt_number(Some(i64::MAX), 1), MAX_ATTEMPT);
+        assert_eq!(attempt_number(Some(-1), 0), 0, "a dead letter spent none");
+        assert_eq!(attempt_number(Some(4_294_967_296), 0), MAX_ATTEMPT);
+    }
+
+    #[test]
+    fn postgres_timestamps_outside_chrono_are_none_not_a_panic() {
+        assert_eq!(pg_time(i64::MAX), None, "infinity");
+        assert_eq!(pg_time(i64::MIN), None, "-infinity");
+        assert_eq!(
+            pg_time(0).map(|t| t.to_rfc3339()),
+            Some("2000-01-01T00:00:00+00:00".to_owned())
+        );
+        assert_eq!(
+            pg_time(-1).map(|t| t.to_rfc3339()),
+            Some("1999-12-31T23:59:59.999999+00:00".to_owned())
+        );
+    }
+
+    #[test]
+    fn shown_values_are_short() {
+        assert_eq!(shorten("soon"), "soon");
+        let long = "x".repeat(1000);
+        assert!(shorten(&long).ends_with("… (1000 characters)"));
+        assert!(shorten(&long).chars().count() < 100);
+        assert_eq!(shorten_bytes(&[0xde, 0xad]), "0xdead");
+        assert!(shorten_bytes(&[0u8; 1 << 20]).ends_with("… (1048576 bytes)"));
+    }
+}
