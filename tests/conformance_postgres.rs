@@ -74,6 +74,23 @@ impl Fixture for PostgresFixture {
     fn paused(&self) -> bool {
         false
     }
+
+    /// A row whose `retry_after` is `-infinity`: a timestamp no client type can hold.
+    async fn store_unreadable_job(&self, broker: &Self::Broker, queue: &str) -> Option<String> {
+        let pool = broker
+            .broker()
+            .pool()
+            .expect("the fixture's broker is connected");
+        sqlx::query(
+            "INSERT INTO conf_jobs (id, queue, retry_after, payload) \
+             VALUES ('unreadable-1', $1, '-infinity', convert_to('{\"n\":0}', 'UTF8'))",
+        )
+        .bind(queue)
+        .execute(pool)
+        .await
+        .expect("store the unreadable row");
+        Some("retry_after".to_owned())
+    }
 }
 
 stagedoor_jobs::conformance_tests!(PostgresFixture);

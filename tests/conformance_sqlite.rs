@@ -44,6 +44,24 @@ impl Fixture for SqliteFixture {
     fn paused(&self) -> bool {
         false
     }
+
+    /// A row whose `retry_after` is `''`: a text, not a timestamp (SQLite columns hold any
+    /// value), due before any timestamp.
+    async fn store_unreadable_job(&self, broker: &Self::Broker, queue: &str) -> Option<String> {
+        let pool = broker
+            .broker()
+            .pool()
+            .expect("the fixture's broker is connected");
+        sqlx::query(
+            "INSERT INTO conf_jobs (id, queue, retry_after, payload, enqueued_at) \
+             VALUES ('unreadable-1', $1, '', CAST('{\"n\":0}' AS BLOB), '2026-01-01T00:00:00+00:00')",
+        )
+        .bind(queue)
+        .execute(pool)
+        .await
+        .expect("store the unreadable row");
+        Some("retry_after".to_owned())
+    }
 }
 
 stagedoor_jobs::conformance_tests!(SqliteFixture);

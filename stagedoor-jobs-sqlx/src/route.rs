@@ -12,11 +12,12 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Database, Row as _};
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, Published,
+    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MAX_ATTEMPT, MountInfo, Problem,
+    Published,
     QueueStats, ReplayReport, Settled, Settlement,
 };
 use stagedoor_jobs::inbox::{ColumnType, Table, is_plain_identifier};
-use stagedoor_jobs::{Clock, Envelope, Inbox, Job, JobId};
+use stagedoor_jobs::{Clock, Envelope, Failure, FailureCause, Inbox, Job, JobId};
 
 use crate::broker::{Source, SqlxBroker};
 use crate::floor::{Floors, Plan};
@@ -88,18 +89,109 @@ pub(crate) struct Vals {
     enqueued_at: Option<DateTime<Utc>>,
     job_id: Option<String>,
     floor: Option<DateTime<Utc>>,
+    /// The attempts a dead letter has spent.
+    attempt: i64,
 }
 
 /// One row as read back: id, attempt, payload, lease, due, last error, headers, enqueued at.
+///
+/// Read column by column: a value that does not decode (a text that is not a timestamp, a NULL
+/// payload, an infinite Postgres timestamp) leaves its field empty and is described in
+/// `problem`, so that one bad row never fails the statement that read it with others.
 pub(crate) struct RowRead {
     id: String,
-    attempt: i64,
+    /// The stored count (a claim returns the delivery's number); `None` for NULL.
+    attempt: Option<i64>,
     payload: Vec<u8>,
     lease: Option<DateTime<Utc>>,
     due: Option<DateTime<Utc>>,
     last_error: Option<String>,
     headers: Option<String>,
     enqueued_at: Option<DateTime<Utc>>,
+    /// What could not be read: each column, the value found and the fix.
+    problem: Option<String>,
+}
+
+/// An attempt count as the `1..=MAX_ATTEMPT` (or `0..=`, `floor` 0) number it stands for:
+/// saturating, never wrapping; a count below the floor is the floor.
+fn attempt_number(stored: Option<i64>, floor: u32) -> u32 {
+    let n = stored
+        .unwrap_or(i64::from(floor))
+        .clamp(i64::from(floor), i64::from(MAX_ATTEMPT));
+    u32::try_from(n).unwrap_or(MAX_ATTEMPT)
+}
+
+/// At most `MAX_SHOWN` characters of `text`, marked when cut.
+fn shorten(text: &str) -> String {
+    const MAX_SHOWN: usize = 60;
+    let mut chars = text.chars();
+    let head: String = chars.by_ref().take(MAX_SHOWN).collect();
+    if chars.next().is_some() {
+        format!("{head}… ({} characters)", text.chars().count())
+    } else {
+        head
+    }
+}
+
+/// The first bytes of `bytes` in hex, marked when cut.
+fn shorten_bytes(bytes: &[u8]) -> String {
+    const MAX_SHOWN: usize = 24;
+    let hex: String = bytes
+        .iter()
+        .take(MAX_SHOWN)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if bytes.len() > MAX_SHOWN {
+        format!("0x{hex}… ({} bytes)", bytes.len())
+    } else {
+        format!("0x{hex}")
+    }
+}
+
+/// A Postgres `timestamptz` as stored (microseconds since 2000-01-01 UTC), if chrono can hold
+/// it: `infinity`, `-infinity` and the years beyond chrono's range cannot.
+fn pg_time(micros: i64) -> Option<DateTime<Utc>> {
+    const PG_EPOCH: i64 = 946_684_800;
+    let secs = PG_EPOCH.checked_add(micros.div_euclid(1_000_000))?;
+    let nanos = u32::try_from(micros.rem_euclid(1_000_000))
+        .ok()?
+        .checked_mul(1_000)?;
+    DateTime::from_timestamp(secs, nanos)
+}
+
+/// What column `column` of `table` holds that cannot be read, and the fix.
+fn unreadable(table: &Table, column: &str, value: &str, role: Role) -> String {
+    let (expected, fix) = match role {
+        Role::Time { nullable } => (
+            "a timestamp",
+            format!(
+                "write a finite timestamp{} (on SQLite as RFC 3339 text such as `2026-01-01T00:00:00+00:00`)",
+                if nullable { " or NULL" } else { "" }
+            ),
+        ),
+        Role::Payload => (
+            "a payload",
+            "store the job's payload as the column's type (bytes, or text for a text column), never NULL".to_owned(),
+        ),
+        Role::Text => (
+            "a text",
+            "set it to NULL or to the text stagedoor-jobs wrote".to_owned(),
+        ),
+        Role::Id => ("an id", "give the row an id".to_owned()),
+    };
+    format!(
+        "column `{column}` of table `{}` holds {value}, which is not {expected}: {fix}",
+        table.name
+    )
+}
+
+/// What a column of a read holds, for [`unreadable`].
+#[derive(Clone, Copy)]
+enum Role {
+    Time { nullable: bool },
+    Payload,
+    Text,
+    Id,
 }
 
 /// A queue whose last claim found nothing: until when there is no need to look again, unless
@@ -299,7 +391,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         let enqueued = r.enqueued_at.or(r.due).unwrap_or_else(|| self.broker.now());
         Envelope::new(kind, r.payload.clone(), enqueued)
             .with_id(JobId::from_string(id))
-            .with_attempt(u32::try_from(r.attempt.max(0)).unwrap_or(u32::MAX))
+            .with_attempt(attempt_number(r.attempt, 1))
             .with_headers(doc.headers())
     }
 
@@ -307,17 +399,24 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         let doc = HeaderDoc::parse(r.headers.as_deref());
         let origin = self.origin_of(dead, &doc).unwrap_or_default();
         let envelope = self.envelope_of(&origin, r, &doc);
-        // The stored attempt is the number of the next delivery: the deliveries spent are one less.
-        let attempts = u32::try_from((r.attempt - 1).max(0)).unwrap_or(0);
+        // A dead letter's row stores the attempts it spent (see `Statements::dead_group`).
+        let attempts = attempt_number(r.attempt, 0);
+        let error = doc
+            .error
+            .clone()
+            .or_else(|| r.last_error.clone())
+            .unwrap_or_default();
+        // A row that cannot be read whole is listed with what could be read and its problem.
+        let error = match &r.problem {
+            Some(p) if error.is_empty() => format!("this row cannot be read: {p}"),
+            Some(p) => format!("this row cannot be read: {p} (its last error: {error})"),
+            None => error,
+        };
         DeadLetter {
             id: r.id.clone(),
             envelope: envelope.with_attempt(attempts),
             origin,
-            error: doc
-                .error
-                .clone()
-                .or_else(|| r.last_error.clone())
-                .unwrap_or_default(),
+            error,
             traceback: doc.traceback.clone().unwrap_or_default(),
             attempts,
             failed_at: doc.failed_at.or(r.due).unwrap_or_else(|| self.broker.now()),
@@ -487,6 +586,7 @@ macro_rules! impl_for {
                     P::EnqueuedAt => q.bind(v.enqueued_at),
                     P::JobId => q.bind(v.job_id.clone()),
                     P::Floor => q.bind(v.floor),
+                    P::Attempt => q.bind(v.attempt),
                 }
             }
 
@@ -495,20 +595,113 @@ macro_rules! impl_for {
                 rows.iter().map(|r| r.try_get::<String, _>(0).map_err(db_err)).collect()
             }
 
-            pub(crate) fn read(row: &<$db as Database>::Row, table: &Table) -> Result<RowRead, sqlx::Error> {
-                Ok(RowRead {
-                    id: row.try_get(0)?,
-                    attempt: row.try_get(1)?,
-                    payload: match table.payload.ty {
-                        ColumnType::Bytes => row.try_get(2)?,
-                        _ => row.try_get::<String, _>(2)?.into_bytes(),
-                    },
-                    lease: row.try_get(3)?,
-                    due: row.try_get(4)?,
-                    last_error: row.try_get(5)?,
-                    headers: row.try_get(6)?,
-                    enqueued_at: row.try_get(7)?,
-                })
+            /// How column `i` of `row` is shown in a message: its value, shortened, or its type.
+            pub(crate) fn shown(row: &<$db as Database>::Row, i: usize) -> String {
+                use sqlx::{TypeInfo as _, ValueRef as _};
+                let Ok(raw) = row.try_get_raw(i) else {
+                    return "a value that cannot be read".to_owned();
+                };
+                if raw.is_null() {
+                    return "NULL".to_owned();
+                }
+                let ty = raw.type_info().name().to_owned();
+                if <$db as sealed::Sealed>::FLAVOR == Flavor::Postgres && ty == "TIMESTAMPTZ" {
+                    return match row.try_get_unchecked::<i64, _>(i) {
+                        Ok(i64::MAX) => "'infinity'".to_owned(),
+                        Ok(i64::MIN) => "'-infinity'".to_owned(),
+                        _ => "a timestamp out of range".to_owned(),
+                    };
+                }
+                if let Ok(s) = row.try_get::<String, _>(i) {
+                    return format!("'{}'", shorten(&s));
+                }
+                if let Ok(v) = row.try_get::<i64, _>(i) {
+                    return v.to_string();
+                }
+                if let Ok(v) = row.try_get::<f64, _>(i) {
+                    return v.to_string();
+                }
+                if let Ok(b) = row.try_get::<Vec<u8>, _>(i) {
+                    return shorten_bytes(&b);
+                }
+                format!("a value of type {ty}")
+            }
+
+            /// Column `i` of `row` as a timestamp; `Err` with the value shown when it is not
+            /// one chrono can hold. Postgres timestamps are read from their stored microseconds
+            /// (the driver's own conversion panics on `infinity`).
+            pub(crate) fn time_at(row: &<$db as Database>::Row, i: usize) -> Result<Option<DateTime<Utc>>, String> {
+                use sqlx::{TypeInfo as _, ValueRef as _};
+                let raw = row.try_get_raw(i).map_err(|e| e.to_string())?;
+                if raw.is_null() {
+                    return Ok(None);
+                }
+                if <$db as sealed::Sealed>::FLAVOR == Flavor::Postgres && raw.type_info().name() == "TIMESTAMPTZ" {
+                    return match row.try_get_unchecked::<i64, _>(i).ok().and_then(pg_time) {
+                        Some(t) => Ok(Some(t)),
+                        None => Err(shown(row, i)),
+                    };
+                }
+                row.try_get::<DateTime<Utc>, _>(i).map(Some).map_err(|_| shown(row, i))
+            }
+
+            /// Reads a row column by column (see [`RowRead`]): never fails; what cannot be read
+            /// is named in `problem`.
+            pub(crate) fn read(row: &<$db as Database>::Row, table: &Table) -> RowRead {
+                let mut problems = Vec::new();
+                let lease_col = table.locked_until.map_or("locked_until", |c| c.name);
+                let due_col = table.retry_after.map_or("retry_after", |c| c.name);
+                let enq_col = table.enqueued_at.map_or("enqueued_at", |c| c.name);
+                let id = match row.try_get::<Option<String>, _>(0) {
+                    Ok(Some(id)) => id,
+                    _ => {
+                        problems.push(unreadable(table, table.id.name, &shown(row, 0), Role::Id));
+                        String::new()
+                    }
+                };
+                // Read as BIGINT by every statement; unreadable only as NULL (a fresh count).
+                let attempt = row.try_get::<Option<i64>, _>(1).ok().flatten();
+                // A NULL payload is no payload (some drivers read it as empty bytes).
+                let null = row.try_get_raw(2).map_or(true, |v| sqlx::ValueRef::is_null(&v));
+                let payload = match table.payload.ty {
+                    _ if null => Err(sqlx::Error::Decode("NULL".into())),
+                    ColumnType::Bytes => row.try_get::<Vec<u8>, _>(2),
+                    _ => row.try_get::<String, _>(2).map(String::into_bytes),
+                };
+                let payload = payload.unwrap_or_else(|_| {
+                    problems.push(unreadable(table, table.payload.name, &shown(row, 2), Role::Payload));
+                    Vec::new()
+                });
+                let mut time = |i: usize, col: &str, nullable: bool| match time_at(row, i) {
+                    Ok(t) => t,
+                    Err(value) => {
+                        problems.push(unreadable(table, col, &value, Role::Time { nullable }));
+                        None
+                    }
+                };
+                let lease = time(3, lease_col, true);
+                let due = time(4, due_col, false);
+                let enqueued_at = time(7, enq_col, false);
+                // The last error is only shown: a value that is not text is shown as it is.
+                let last_error = row
+                    .try_get::<Option<String>, _>(5)
+                    .unwrap_or_else(|_| Some(shown(row, 5)));
+                let headers = row.try_get::<Option<String>, _>(6).unwrap_or_else(|_| {
+                    let col = table.headers.map_or("headers", |c| c.name);
+                    problems.push(unreadable(table, col, &shown(row, 6), Role::Text));
+                    None
+                });
+                RowRead {
+                    id,
+                    attempt,
+                    payload,
+                    lease,
+                    due,
+                    last_error,
+                    headers,
+                    enqueued_at,
+                    problem: (!problems.is_empty()).then(|| problems.join("; ")),
+                }
             }
 
             impl<Row: Inbox> SqlxRoute<$db, Row> {
@@ -562,7 +755,62 @@ macro_rules! impl_for {
 
                 pub(crate) async fn fetch(&self, stmts: &Statements, stmt: &Stmt, v: &Vals) -> Result<Vec<RowRead>, BrokerError> {
                     let rows = query(stmt, v, &stmts.table).fetch_all(self.pool()?).await.map_err(db_err)?;
-                    rows.iter().map(|r| read(r, &stmts.table).map_err(db_err)).collect()
+                    Ok(rows.iter().map(|r| read(r, &stmts.table)).collect())
+                }
+
+                /// The time in column 0 of a one-row answer (a `MIN` of due times); `None` when
+                /// there is none or it is not a timestamp (a row with a bad due time is
+                /// dead-lettered by the claim that takes it, and counted by `stats`).
+                pub(crate) fn first_time(&self, row: &<$db as Database>::Row, what: &str) -> Option<DateTime<Utc>> {
+                    self.first_time_at(row, 0, what)
+                }
+
+                /// [`first_time`](Self::first_time) of column `i`.
+                pub(crate) fn first_time_at(&self, row: &<$db as Database>::Row, i: usize, what: &str) -> Option<DateTime<Utc>> {
+                    match time_at(row, i) {
+                        Ok(t) => t,
+                        Err(value) => {
+                            // Debug only: the claim loop asks for the next due time on every
+                            // poll, and a row that is never due would repeat this each time.
+                            tracing::debug!(table = self.table().name, "{what}: a row holds {value}, which is not a timestamp; ignored");
+                            None
+                        }
+                    }
+                }
+
+                /// The dead letter of `queue`: the one a mount on it declares, else the default.
+                pub(crate) fn dead_letter_for(&self, queue: &str) -> String {
+                    self.inner
+                        .origins
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .iter()
+                        .filter(|(_, origin)| *origin == queue)
+                        .map(|(dead, _)| dead.clone())
+                        .min()
+                        .unwrap_or_else(|| Broker::default_dead_letter(self, queue))
+                }
+
+                /// A claimed row that cannot be read goes to its queue's dead letter by itself,
+                /// with an error that names the column, its value and the fix: the rows claimed
+                /// with it run, and it never comes back to fail a claim again. If the move
+                /// fails, it stays leased and is claimed again after its lease.
+                pub(crate) async fn dead_letter_unreadable(&self, queue: &str, r: RowRead, id: IdValue, lease: DateTime<Utc>, problem: &str) {
+                    let doc = HeaderDoc::parse(r.headers.as_deref());
+                    let envelope = self.envelope_of(queue, &r, &doc);
+                    let target = self.dead_letter_for(queue);
+                    let error = format!(
+                        "the stored job (row {}) cannot be read, so it was dead-lettered without running: {problem}; then replay it",
+                        r.id
+                    );
+                    tracing::error!(queue, row = %r.id, dead_letter = %target, "{error}");
+                    let delivery = Delivery { envelope, receipt: SqlReceipt { id, lease: Mutex::new(r.lease.unwrap_or(lease)) } };
+                    let failure = Failure::new(FailureCause::Decode, error, String::new());
+                    match Broker::settle(self, queue, &delivery, Settlement::DeadLetter { target, failure }).await {
+                        Ok(Settled::Done) => {}
+                        Ok(Settled::LeaseLost) => tracing::warn!(queue, row = %r.id, "an unreadable row was claimed by another worker before it could be dead-lettered"),
+                        Err(e) => tracing::error!(queue, row = %r.id, error = %e, "could not move an unreadable row to its dead letter: it is claimed again after its lease"),
+                    }
                 }
 
                 /// When the next row of `queue` becomes claimable; above the floor only when the
@@ -572,7 +820,7 @@ macro_rules! impl_for {
                         Plan::From(floor) if !Statements::lacks(&stmts.next_due_from) => {
                             let v = Vals { group: Some(queue.to_owned()), floor: Some(floor), ..Vals::default() };
                             let row = query(&stmts.next_due_from, &v, &stmts.table).fetch_one(self.pool().ok()?).await.ok()?;
-                            row.try_get::<Option<DateTime<Utc>>, _>(0).ok().flatten()
+                            self.first_time(&row, "next due time")
                         }
                         _ => Broker::next_due(self, queue).await,
                     }
@@ -1019,7 +1267,7 @@ macro_rules! impl_broker {
                             .map_err(db_err)?;
                         let rows = $module::query(&stmts.claim, &v, &stmts.table).fetch_all(&mut *tx).await.map_err(db_err)?;
                         tx.commit().await.map_err(db_err)?;
-                        rows.iter().map(|r| $module::read(r, &stmts.table).map_err(db_err)).collect::<Result<Vec<_>, _>>()?
+                        rows.iter().map(|r| $module::read(r, &stmts.table)).collect::<Vec<_>>()
                     } else {
                         let stmt = match plan { Plan::From(_) => &stmts.claim_from, Plan::Full => &stmts.claim };
                         self.fetch(&stmts, stmt, &v).await?
@@ -1033,16 +1281,28 @@ macro_rules! impl_broker {
                     }
                     if !rows.is_empty() {
                         let mut out = Vec::with_capacity(rows.len());
-                        for r in rows {
+                        for mut r in rows {
+                            // An id the table's type does not describe (a text in an SQLite
+                            // integer column) is fenced on as it reads.
+                            let id = IdValue::parse(&stmts.table, &r.id).unwrap_or_else(|_| IdValue::Text(r.id.clone()));
+                            // A row that cannot be read is dead-lettered by itself; the others
+                            // of the claim run.
+                            if let Some(problem) = r.problem.take() {
+                                self.dead_letter_unreadable(queue, r, id, lease, &problem).await;
+                                continue;
+                            }
                             let doc = HeaderDoc::parse(r.headers.as_deref());
                             let envelope = self.envelope_of(queue, &r, &doc);
-                            let id = IdValue::parse(&stmts.table, &r.id)?;
                             out.push(Delivery {
                                 envelope,
                                 receipt: SqlReceipt { id, lease: Mutex::new(r.lease.unwrap_or(lease)) },
                             });
                         }
                         self.inner.idle.lock().expect("idle lock").remove(queue);
+                        if out.is_empty() {
+                            // Every row claimed was unreadable, and is gone: claim again.
+                            continue;
+                        }
                         return Ok(out);
                     }
                     // Empty: look again at the next due time or after the poll interval. A row
@@ -1150,6 +1410,8 @@ macro_rules! impl_broker {
                             target: Some(target.clone()),
                             error: Some(failure.error.clone()),
                             headers: Some(doc.to_json()),
+                            // The attempts spent: this delivery's number.
+                            attempt: i64::from(env.attempt()),
                             ..base()
                         };
                         if self.grouped() {
@@ -1374,7 +1636,8 @@ macro_rules! impl_broker {
                 let n = |i: usize| -> Result<u64, BrokerError> {
                     Ok(u64::try_from(row.try_get::<i64, _>(i).map_err(db_err)?).unwrap_or(0))
                 };
-                let oldest: Option<DateTime<Utc>> = row.try_get(3).map_err(db_err)?;
+                // A row whose due time is not a timestamp is counted; the oldest is then unknown.
+                let oldest = self.first_time_at(&row, 3, "queue stats");
                 Ok(QueueStats {
                     ready: n(0)?,
                     pending: n(1)?,
@@ -1388,7 +1651,15 @@ macro_rules! impl_broker {
                 let mut names = match table.group {
                     Some(g) => {
                         let sql = format!("SELECT DISTINCT CAST(\"{}\" AS TEXT) FROM {}", g.name, table.qualified());
-                        sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).fetch_all(self.pool()?).await.map_err(db_err)?
+                        let rows = sqlx::query(AssertSqlSafe(sql)).fetch_all(self.pool()?).await.map_err(db_err)?;
+                        // A group that is NULL names no queue; one that is not text (an SQLite
+                        // blob) is shown as it reads.
+                        rows.iter()
+                            .filter_map(|r| match r.try_get::<Option<String>, _>(0) {
+                                Ok(name) => name,
+                                Err(_) => Some($module::shown(r, 0)),
+                            })
+                            .collect()
                     }
                     None => vec![self.default_group.to_string()],
                 };
@@ -1429,7 +1700,7 @@ macro_rules! impl_broker {
                 }
                 let v = Vals { group: Some(queue.to_owned()), ..Vals::default() };
                 let row = $module::query(&stmts.next_due, &v, &stmts.table).fetch_one(self.pool().ok()?).await.ok()?;
-                row.try_get::<Option<DateTime<Utc>>, _>(0).ok().flatten()
+                self.first_time(&row, "next due time")
             }
         }
     };
@@ -1444,4 +1715,48 @@ mod postgres_broker {
     use super::postgres_impl::query;
     use super::*;
     impl_broker!(sqlx::Postgres, postgres_impl);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_numbers_saturate_and_never_wrap() {
+        assert_eq!(
+            attempt_number(Some(-32_768), 1),
+            1,
+            "below 1: a first delivery"
+        );
+        assert_eq!(attempt_number(Some(0), 1), 1);
+        assert_eq!(attempt_number(None, 1), 1);
+        assert_eq!(attempt_number(Some(5), 1), 5);
+        assert_eq!(attempt_number(Some(i64::MAX), 1), MAX_ATTEMPT);
+        assert_eq!(attempt_number(Some(-1), 0), 0, "a dead letter spent none");
+        assert_eq!(attempt_number(Some(4_294_967_296), 0), MAX_ATTEMPT);
+    }
+
+    #[test]
+    fn postgres_timestamps_outside_chrono_are_none_not_a_panic() {
+        assert_eq!(pg_time(i64::MAX), None, "infinity");
+        assert_eq!(pg_time(i64::MIN), None, "-infinity");
+        assert_eq!(
+            pg_time(0).map(|t| t.to_rfc3339()),
+            Some("2000-01-01T00:00:00+00:00".to_owned())
+        );
+        assert_eq!(
+            pg_time(-1).map(|t| t.to_rfc3339()),
+            Some("1999-12-31T23:59:59.999999+00:00".to_owned())
+        );
+    }
+
+    #[test]
+    fn shown_values_are_short() {
+        assert_eq!(shorten("soon"), "soon");
+        let long = "x".repeat(1000);
+        assert!(shorten(&long).ends_with("… (1000 characters)"));
+        assert!(shorten(&long).chars().count() < 100);
+        assert_eq!(shorten_bytes(&[0xde, 0xad]), "0xdead");
+        assert!(shorten_bytes(&[0u8; 1 << 20]).ends_with("… (1048576 bytes)"));
+    }
 }

@@ -44,6 +44,8 @@ pub(crate) enum P {
     JobId,
     /// The lowest due time a bounded claim looks at (see [`Statements::claim_from`]).
     Floor,
+    /// The attempts a dead letter has spent.
+    Attempt,
 }
 
 /// One statement and the values it binds, in order.
@@ -76,6 +78,40 @@ pub(crate) const CHANNEL: &str = "stagedoor_jobs";
 
 fn q(name: &str) -> String {
     format!("\"{name}\"")
+}
+
+/// The number of the delivery a claim of a row makes, from its `attempt` column `a` (the number
+/// of its next delivery): the stored count clamped to `1..=MAX_ATTEMPT`. A count below 1 (a
+/// hand-edited zero or negative, NULL, on SQLite a text) is a first delivery, so it can never get
+/// around a cap; a count above the ceiling (an `INTEGER` column edited by hand) is the ceiling.
+fn delivery_of(a: &str, flavor: Flavor) -> String {
+    let max = stagedoor_jobs::broker::MAX_ATTEMPT;
+    match flavor {
+        Flavor::Postgres => {
+            format!("LEAST(GREATEST(COALESCE(CAST({a} AS BIGINT), 1), 1), {max})")
+        }
+        // SQLite's scalar MIN/MAX return NULL when an argument is NULL; CAST turns a text into
+        // the integer it starts with (0 for none).
+        Flavor::Sqlite => format!("MIN(MAX(COALESCE(CAST({a} AS INTEGER), 1), 1), {max})"),
+    }
+}
+
+/// The bound attempt count `p`, typed: a statement prepared without argument types (the
+/// startup check) would otherwise type it as the column (`SMALLINT`), and the driver's 8-byte
+/// value would then not fit the cached statement.
+fn attempt_param(p: &str) -> String {
+    format!("CAST({p} AS BIGINT)")
+}
+
+/// The value a claim writes into the `attempt` column `a`: the next delivery's number,
+/// saturating at `MAX_ATTEMPT`, so that it fits a `SMALLINT` column and never stops a claim.
+fn next_of(a: &str, flavor: Flavor) -> String {
+    let max = stagedoor_jobs::broker::MAX_ATTEMPT;
+    let d = delivery_of(a, flavor);
+    match flavor {
+        Flavor::Postgres => format!("LEAST({d} + 1, {max})"),
+        Flavor::Sqlite => format!("MIN({d} + 1, {max})"),
+    }
 }
 
 /// The statements of a table. Reads return, in this order: id (text), attempt (bigint), payload,
@@ -111,7 +147,7 @@ pub(crate) struct Statements {
     pub(crate) delete_by_id: Stmt,
     /// A replayed row: no lease, due now, attempt reset to 1.
     pub(crate) clear_lease: Stmt,
-    /// A row moved into a dead-letter table: no lease, its error; its attempt kept.
+    /// A row moved into a dead-letter table: no lease, its error, the attempts it spent.
     pub(crate) mark_dead: Stmt,
     /// The insert's columns, its value per column (`None`: the literal `1`), its conflict clause.
     insert_cols: String,
@@ -208,14 +244,16 @@ impl Statements {
             .join(", ")
         };
 
-        // Claim: lease and count in one statement; returns the delivery's number (the value
-        // before the increment). On Postgres the batch is picked and locked in a `MATERIALIZED`
-        // CTE, which runs once whatever the plan: `WHERE id IN (SELECT .. LIMIT n FOR UPDATE
-        // SKIP LOCKED)` lets the planner pick a nested-loop semi join that runs the subquery
-        // again for every outer row, each run skipping the rows the last one locked, so that the
-        // claim leases far more than `n` rows (seen with statistics that say the table is nearly
-        // empty: a worked-off queue after ANALYZE). SQLite has one writer and computes an
-        // uncorrelated `IN (SELECT ..)` once.
+        // Claim: lease and count in one statement; returns the delivery's number (the stored
+        // count before the claim, clamped: see [`delivery_of`]), which the batch carries out of
+        // its pick, since `RETURNING` sees the row as updated. The counter saturates at
+        // `MAX_ATTEMPT` ([`next_of`]): a `SMALLINT` column never overflows, a claim never fails
+        // on it. The batch is picked in a `MATERIALIZED` CTE, which runs once whatever the plan:
+        // on Postgres, `WHERE id IN (SELECT .. LIMIT n FOR UPDATE SKIP LOCKED)` lets the planner
+        // pick a nested-loop semi join that runs the subquery again for every outer row, each
+        // run skipping the rows the last one locked, so that the claim leases far more than `n`
+        // rows (seen with statistics that say the table is nearly empty: a worked-off queue
+        // after ANALYZE). SQLite has one writer and computes the CTE once, before the update.
         let build_claim = |floor: bool| {
             let mut claim = Stmt::default();
             let lease = claim.p(P::NewLease);
@@ -247,23 +285,27 @@ impl Statements {
             let order = due.as_ref().map_or(id.clone(), |d| format!("{d}, {id}"));
             let bump = attempt
                 .as_ref()
-                .map_or(String::new(), |a| format!(", {a} = {a} + 1"));
-            let returned = reads(match &attempt {
-                Some(a) => format!("CAST({a} AS BIGINT) - 1"),
-                None => "CAST(1 AS BIGINT)".to_owned(),
-            });
+                .map_or(String::new(), |a| format!(", {a} = {}", next_of(a, flavor)));
+            let delivery = attempt
+                .as_ref()
+                .map_or("CAST(1 AS BIGINT)".to_owned(), |a| {
+                    format!("CAST({} AS BIGINT)", delivery_of(a, flavor))
+                });
+            let returned = reads(
+                "(SELECT stagedoor_attempt FROM stagedoor_batch WHERE stagedoor_id = {id})"
+                    .replace("{id}", &id),
+            );
+            let lock = match flavor {
+                Flavor::Postgres => " FOR UPDATE SKIP LOCKED",
+                Flavor::Sqlite => "",
+            };
             let pick = format!(
-                "SELECT {id} FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}",
+                "SELECT {id} AS stagedoor_id, {delivery} AS stagedoor_attempt FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}{lock}",
                 cond.join(" AND ")
             );
-            claim.sql = match flavor {
-                Flavor::Postgres => format!(
-                    "WITH stagedoor_batch AS MATERIALIZED ({pick} FOR UPDATE SKIP LOCKED) UPDATE {t} SET {locked} = {lease}{bump} WHERE {id} IN (SELECT {id} FROM stagedoor_batch) RETURNING {returned}"
-                ),
-                Flavor::Sqlite => format!(
-                    "UPDATE {t} SET {locked} = {lease}{bump} WHERE {id} IN ({pick}) RETURNING {returned}"
-                ),
-            };
+            claim.sql = format!(
+                "WITH stagedoor_batch AS MATERIALIZED ({pick}) UPDATE {t} SET {locked} = {lease}{bump} WHERE {id} IN (SELECT stagedoor_id FROM stagedoor_batch) RETURNING {returned}"
+            );
             claim
         };
         let claim = build_claim(false);
@@ -321,6 +363,12 @@ impl Statements {
             let s = &mut dead_group;
             let target = s.p(P::Target);
             let mut sets = vec![format!("{locked} = NULL"), format!("{g} = {target}")];
+            // A dead letter stores the attempts it spent: a subscriber of the dead-letter group
+            // sees that number on its first delivery of it, and a listing reports it.
+            if let Some(a) = &attempt {
+                let p = s.p(P::Attempt);
+                sets.push(format!("{a} = {}", attempt_param(&p)));
+            }
             if let Some(d) = &due {
                 let p = s.p(P::Now);
                 sets.push(format!("{d} = {p}"));
@@ -487,13 +535,18 @@ impl Statements {
         }
 
         // A row just copied into a table: no lease, due now, the error and headers of the move.
-        // A replayed row also starts counting again (`reset_attempt`); a dead letter keeps the
-        // attempt it had when it failed (seed 002: "payload and attempt as they were").
-        let build_clear = |reset_attempt: bool| {
+        // A replayed row starts counting again (`replayed`: its next delivery is 1); a dead
+        // letter stores the attempts it spent (seed 002: "payload and attempt as they were").
+        let build_clear = |replayed: bool| {
             let mut s = Stmt::default();
             let mut sets = vec![format!("{locked} = NULL")];
-            if let (Some(a), true) = (&attempt, reset_attempt) {
-                sets.push(format!("{a} = 1"));
+            if let Some(a) = &attempt {
+                if replayed {
+                    sets.push(format!("{a} = 1"));
+                } else {
+                    let p = s.p(P::Attempt);
+                    sets.push(format!("{a} = {}", attempt_param(&p)));
+                }
             }
             if let Some(d) = &due {
                 let p = s.p(P::Now);

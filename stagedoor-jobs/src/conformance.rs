@@ -70,6 +70,20 @@ pub trait Fixture: Send + Sync + 'static {
     /// Whether the broker follows the harness's paused clock ([`TestApp::start`]) or runs live
     /// ([`TestApp::start_live`]).
     fn paused(&self) -> bool;
+
+    /// Stores in `queue` of `broker` (connected) one job the broker cannot read back: a stored
+    /// value of the wrong kind, as a hand edit leaves it (on SQL a column value that does not
+    /// decode). Returns the name of the field or column holding it, which the dead letter's
+    /// error must name. The default stores nothing and returns `None`: the row
+    /// [`a_job_that_cannot_be_read_is_dead_lettered_alone`] does not apply to the backend.
+    fn store_unreadable_job(
+        &self,
+        broker: &Self::Broker,
+        queue: &str,
+    ) -> impl Future<Output = Option<String>> + Send {
+        let _ = (broker, queue);
+        async { None }
+    }
 }
 
 /// Runs the whole conformance suite against a [`Fixture`]: one
@@ -136,6 +150,7 @@ macro_rules! conformance_tests {
             published_id_is_the_handlers_and_the_dead_letters
             duplicate_publishes_are_reported_not_stored
             paused_publish_returns_once_the_job_has_settled
+            a_job_that_cannot_be_read_is_dead_lettered_alone
         );
     };
     ($fixture:expr $(,)?) => {
@@ -2187,5 +2202,63 @@ pub async fn paused_publish_returns_once_the_job_has_settled<F: Fixture>(fixture
     assert_eq!(probe.attempts_of(2), [Some(1), Some(2)], "run at its time");
     assert_empty(&app, Q, "after both jobs").await;
     assert!(app.dead_letters(&dl).await.is_empty());
+    app.stop().await;
+}
+
+/// "A row that cannot be claimed is dead-lettered alone": a stored job the broker cannot read
+/// (see [`Fixture::store_unreadable_job`]) published before 20 good ones goes to the queue's
+/// dead letter by itself, with an error naming the field that holds the bad value; every good
+/// job runs once, on its first attempt; no claim fails and the queue ends empty. A backend
+/// whose fixture stores no unreadable job passes without checking anything.
+pub async fn a_job_that_cannot_be_read_is_dead_lettered_alone<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_unreadable";
+    const GOOD: u64 = 20;
+    let probe = Probe::new();
+    let broker = fixture.broker().await;
+    let direct = connected(&broker).await;
+    let Some(field) = fixture.store_unreadable_job(&direct, Q).await else {
+        return;
+    };
+    for n in 1..=GOOD {
+        let (queue, envelope, at) = job(Q, n).into_parts(direct.clock().now());
+        direct
+            .publish(&queue, vec![(envelope, at)])
+            .await
+            .expect("publish");
+    }
+    let dl = broker.default_dead_letter(Q);
+    let app = start(
+        &fixture,
+        service(&probe).with_broker(broker, |b| {
+            b.include(Subscriber::new(Q, acks).name("acks"))
+                .max_attempts(crate::nonzero!(3u32))
+                .dead_letter(dl.clone());
+        }),
+    )
+    .await;
+    app.drain().await;
+
+    for n in 1..=GOOD {
+        assert_eq!(
+            probe.attempts_of(n),
+            [Some(1)],
+            "good job {n} runs once; records: {:?}",
+            app.records()
+        );
+    }
+    assert_eq!(probe.runs(), GOOD as usize, "only the good jobs ran");
+    let letters = app.dead_letters(&dl).await;
+    assert_eq!(letters.len(), 1, "the unreadable job alone: {letters:?}");
+    let d = &letters[0];
+    assert!(
+        d.error.contains(&field),
+        "the error names `{field}`: {}",
+        d.error
+    );
+    assert_eq!(d.origin, Q, "{d:?}");
+    assert_empty(&app, Q, "after the unreadable job was dead-lettered").await;
+    for q in app.health().queues {
+        assert_eq!(q.failed_claims_total, 0, "no claim failed: {q:?}");
+    }
     app.stop().await;
 }
