@@ -269,6 +269,29 @@ impl RedisBroker {
         self
     }
 
+    /// The fields of dead letter `id` of dead stream `dead` (`jobs:dead`) exactly as stored:
+    /// names and values as bytes, in order; `None` when there is no such entry. For tools that
+    /// show every field of a dead letter (a [`DeadLetter`] decodes only the known ones).
+    pub async fn dead_letter_fields(
+        &self,
+        dead: &str,
+        id: &str,
+    ) -> Result<Option<Vec<(Vec<u8>, Vec<u8>)>>, BrokerError> {
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let reply: Value = cmd("XRANGE")
+            .arg(&keys.dead)
+            .arg(id)
+            .arg(id)
+            .query_async(&mut c)
+            .await
+            .map_err(conn_err)?;
+        Ok(value::entries(&reply)
+            .into_iter()
+            .find(|(i, _)| i == id)
+            .map(|(_, f)| f))
+    }
+
     /// This worker's consumer name in the groups.
     pub fn consumer(&self) -> &str {
         &self.inner.consumer
