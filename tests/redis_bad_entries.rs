@@ -10,7 +10,9 @@
 //!   at claim time saying it arrived with those attempts spent (not that a worker died);
 //! - the good entries of the same claim run, with the attempt their field says;
 //! - the same holds on the reclaim path (entries a dead worker left pending), where the
-//!   `max_deliveries` script counts spent attempts without wrapping.
+//!   `max_deliveries` script counts spent attempts without wrapping;
+//! - the attempt counter stops at `MAX_ATTEMPT`: a retry at the ceiling is delivered at the
+//!   ceiling again.
 //!
 //! A missing variable fails the test (it is never skipped).
 
@@ -481,6 +483,63 @@ async fn reclaimed_bad_entries_are_dead_lettered_truthfully(on: On) {
     );
     assert!(field(&dead["good-one-spent"], "error").contains("delivered 2 times"));
     app.stop().await;
+}
+
+/// The attempt counter of an entry stops at `MAX_ATTEMPT`: an entry that has spent
+/// `MAX_ATTEMPT - 1` is delivered as attempt `MAX_ATTEMPT`, and after a retry it is delivered
+/// as `MAX_ATTEMPT` again (its field says `MAX_ATTEMPT`), never one more, never wrapped.
+async fn the_attempt_counter_stops_at_the_ceiling(on: On) {
+    use stagedoor_jobs::broker::{Broker, Settled, Settlement};
+    use stagedoor_jobs::{Failure, FailureCause};
+
+    let fx = Fx::new(on).await;
+    fx.create_group().await;
+    let below = (MAX_ATTEMPT - 1).to_string();
+    fx.job("at-the-ceiling", Some(&below)).await;
+    let broker = fx.broker();
+    broker.connect().await.expect("connect");
+    broker.prepare(QUEUE).await.expect("prepare");
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let got = broker
+            .claim(QUEUE, 1, Duration::from_secs(2))
+            .await
+            .expect("claim");
+        assert_eq!(got.len(), 1, "the entry is delivered");
+        seen.push(got[0].envelope.attempt());
+        let failure = Failure::new(FailureCause::Error, "once more", "");
+        let settled = broker
+            .settle(
+                QUEUE,
+                &got[0],
+                Settlement::Retry {
+                    delay: Duration::ZERO,
+                    failure,
+                },
+            )
+            .await
+            .expect("settle");
+        assert_eq!(settled, Settled::Done);
+    }
+    assert_eq!(seen, [MAX_ATTEMPT; 3], "saturated, never above");
+    let v: Value = fx.q(cmd("XRANGE").arg(fx.key("")).arg("-").arg("+")).await;
+    let entries = array(&v);
+    assert_eq!(entries.len(), 1, "{v:?}");
+    let fields: RawFields = array(&array(&entries[0])[1])
+        .chunks(2)
+        .map(|c| (bytes(&c[0]), bytes(&c[1])))
+        .collect();
+    assert_eq!(field(&fields, "attempts"), MAX_ATTEMPT.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_the_attempt_counter_stops_at_the_ceiling() {
+    the_attempt_counter_stops_at_the_ceiling(On::Standalone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_the_attempt_counter_stops_at_the_ceiling() {
+    the_attempt_counter_stops_at_the_ceiling(On::Cluster).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
