@@ -185,20 +185,29 @@ async fn resolve<B: Broker>(b: &B, ctx: &Ctx, queue: &str) -> Result<String, Fai
     Err(unknown())
 }
 
-/// What the backend stored for dead letter `d` (see [`output::Stored`]): on Redis, the
-/// entry's fields as they are.
-async fn stored(ctx: &Ctx, dead: &str, d: &DeadLetter) -> Result<output::Stored, Failure> {
+/// What the backend stored for each of `letters` (see [`output::Stored`]), in order: on
+/// Redis, each entry's fields as they are.
+async fn stored(
+    ctx: &Ctx,
+    dead: &str,
+    letters: &[DeadLetter],
+) -> Result<Vec<output::Stored>, Failure> {
     let fields = match &ctx.redis {
-        Some(r) => r
-            .dead_letter_fields(dead, &d.id)
-            .await
-            .map_err(Failure::broker)?,
-        None => None,
+        Some(r) => {
+            let ids: Vec<String> = letters.iter().map(|d| d.id.clone()).collect();
+            r.dead_letter_fields(dead, &ids)
+                .await
+                .map_err(Failure::broker)?
+        }
+        None => vec![None; letters.len()],
     };
-    Ok(output::Stored {
-        fields,
-        stores_enqueued: ctx.stores_enqueued,
-    })
+    Ok(fields
+        .into_iter()
+        .map(|fields| output::Stored {
+            fields,
+            stores_enqueued: ctx.stores_enqueued,
+        })
+        .collect())
 }
 
 async fn list<B: Broker>(
@@ -216,10 +225,7 @@ async fn list<B: Broker>(
         .map_err(Failure::broker)?;
     let more = letters.len() > limit;
     letters.truncate(limit);
-    let mut facts = Vec::with_capacity(letters.len());
-    for d in &letters {
-        facts.push(stored(ctx, dead, d).await?);
-    }
+    let facts = stored(ctx, dead, &letters).await?;
     if out.json {
         let v: Vec<_> = letters
             .iter()
@@ -257,7 +263,10 @@ async fn show<B: Broker>(
     let Some(d) = found.into_iter().next() else {
         return Err(no_such_id(dead, id));
     };
-    let stored = stored(ctx, dead, &d).await?;
+    let stored = stored(ctx, dead, std::slice::from_ref(&d))
+        .await?
+        .pop()
+        .unwrap_or_default();
     let payload = stored.payload(&d);
     let mut written = None;
     if let Some(path) = payload_to {
@@ -460,10 +469,12 @@ async fn replay<B: Broker>(
     let to = origins.into_iter().collect::<Vec<_>>().join(", ");
     if dry_run {
         if out.json {
-            let mut v = Vec::with_capacity(letters.len());
-            for d in &letters {
-                v.push(output::dead_json(d, dead, &stored(ctx, dead, d).await?));
-            }
+            let facts = stored(ctx, dead, &letters).await?;
+            let v: Vec<_> = letters
+                .iter()
+                .zip(&facts)
+                .map(|(d, s)| output::dead_json(d, dead, s))
+                .collect();
             out.json(&serde_json::json!({
                 "dry_run": true,
                 "dead_letter": dead,
@@ -675,10 +686,12 @@ async fn purge<B: Broker>(
     }
     if dry_run {
         if out.json {
-            let mut v = Vec::with_capacity(letters.len());
-            for d in &letters {
-                v.push(output::dead_json(d, dead, &stored(ctx, dead, d).await?));
-            }
+            let facts = stored(ctx, dead, &letters).await?;
+            let v: Vec<_> = letters
+                .iter()
+                .zip(&facts)
+                .map(|(d, s)| output::dead_json(d, dead, s))
+                .collect();
             out.json(&serde_json::json!({
                 "dry_run": true,
                 "dead_letter": dead,

@@ -269,27 +269,37 @@ impl RedisBroker {
         self
     }
 
-    /// The fields of dead letter `id` of dead stream `dead` (`jobs:dead`) exactly as stored:
-    /// names and values as bytes, in order; `None` when there is no such entry. For tools that
-    /// show every field of a dead letter (a [`DeadLetter`] decodes only the known ones).
+    /// The fields of the dead letters `ids` of dead stream `dead` (`jobs:dead`) exactly as
+    /// stored: names and values as bytes, in order; `None` for an id with no such entry. One
+    /// round trip per 500 ids. For tools that show every field of a dead letter (a
+    /// [`DeadLetter`] decodes only the known ones).
     pub async fn dead_letter_fields(
         &self,
         dead: &str,
-        id: &str,
-    ) -> Result<Option<Vec<(Vec<u8>, Vec<u8>)>>, BrokerError> {
+        ids: &[String],
+    ) -> Result<Vec<Option<Vec<(Vec<u8>, Vec<u8>)>>>, BrokerError> {
         let keys = self.keys(dead);
         let mut c = self.conn()?;
-        let reply: Value = cmd("XRANGE")
-            .arg(&keys.dead)
-            .arg(id)
-            .arg(id)
-            .query_async(&mut c)
-            .await
-            .map_err(conn_err)?;
-        Ok(value::entries(&reply)
-            .into_iter()
-            .find(|(i, _)| i == id)
-            .map(|(_, f)| f))
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("XRANGE").arg(&keys.dead).arg(id).arg(id);
+            }
+            let replies: Vec<Value> = pipe.query_async(&mut c).await.map_err(conn_err)?;
+            for (id, reply) in chunk
+                .iter()
+                .zip(replies.iter().chain(std::iter::repeat(&Value::Nil)))
+            {
+                out.push(
+                    value::entries(reply)
+                        .into_iter()
+                        .find(|(i, _)| i == id)
+                        .map(|(_, f)| f),
+                );
+            }
+        }
+        Ok(out)
     }
 
     /// This worker's consumer name in the groups.
