@@ -576,7 +576,7 @@ impl RedisBroker {
         let dead_stream = Keys::is_dead(&keys.name);
         let decoded = entry::attempts(&fields).and_then(|spent| {
             let attempt = entry::attempt_of(spent, deliveries, dead_stream);
-            entry::decode(&fields, attempt).map(|e| (spent, e))
+            entry::decode(&fields, attempt, entry::id_time(&id)).map(|e| (spent, e))
         });
         let (spent, envelope) = match decoded {
             Ok(d) => d,
@@ -640,21 +640,12 @@ impl RedisBroker {
         let attempts = entry::attempts_or_zero(fields);
         let origin = entry::text(fields, "origin")
             .unwrap_or_else(|| dead.trim_end_matches(DEAD_SUFFIX).to_owned());
-        let added = id
-            .split('-')
-            .next()
-            .and_then(|m| m.parse::<i64>().ok())
-            .and_then(DateTime::<Utc>::from_timestamp_millis)
-            .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
-        let envelope = entry::decode(fields, attempts).unwrap_or_else(|_| {
-            let enqueued = entry::text(fields, "enqueued_at")
-                .and_then(|t| t.parse::<i64>().ok())
-                .and_then(DateTime::<Utc>::from_timestamp_millis)
-                .unwrap_or(added);
+        let added = entry::id_time(&id);
+        let envelope = entry::decode(fields, attempts, added).unwrap_or_else(|_| {
             Envelope::new(
                 entry::text(fields, "kind").unwrap_or_default(),
                 entry::get(fields, "payload").unwrap_or_default().to_vec(),
-                enqueued,
+                entry::enqueued_at(fields).unwrap_or(added),
             )
             .with_attempt(attempts)
         });

@@ -86,18 +86,37 @@ pub(crate) fn text(fields: &Fields, name: &str) -> Option<String> {
     get(fields, name).map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
-/// An envelope from entry fields: `Err` names what is missing or malformed.
-pub(crate) fn decode(fields: &Fields, attempt: u32) -> Result<Envelope, String> {
+/// When the entry `id` (`<ms>-<seq>`) was added to its stream.
+pub(crate) fn id_time(id: &str) -> DateTime<Utc> {
+    id.split('-')
+        .next()
+        .and_then(|m| m.parse::<i64>().ok())
+        .and_then(DateTime::<Utc>::from_timestamp_millis)
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+}
+
+/// The `enqueued_at` field as a time, if it is one.
+pub(crate) fn enqueued_at(fields: &Fields) -> Option<DateTime<Utc>> {
+    text(fields, "enqueued_at")
+        .and_then(|t| t.parse::<i64>().ok())
+        .and_then(DateTime::<Utc>::from_timestamp_millis)
+}
+
+/// An envelope from entry fields: `Err` names what is missing or malformed. Without an
+/// `enqueued_at` field (an entry added by hand) the job was enqueued at `added`, when the
+/// entry was added (its id's time), never "now".
+pub(crate) fn decode(
+    fields: &Fields,
+    attempt: u32,
+    added: DateTime<Utc>,
+) -> Result<Envelope, String> {
     let kind = text(fields, "kind")
         .filter(|k| !k.is_empty())
         .ok_or("the entry has no `kind` field")?;
     let payload = get(fields, "payload")
         .ok_or("the entry has no `payload` field")?
         .to_vec();
-    let enqueued = text(fields, "enqueued_at")
-        .and_then(|t| t.parse::<i64>().ok())
-        .and_then(DateTime::<Utc>::from_timestamp_millis)
-        .unwrap_or_else(Utc::now);
+    let enqueued = enqueued_at(fields).unwrap_or(added);
     let mut headers = Headers {
         request_id: text(fields, "request_id"),
         trace: text(fields, "trace"),
@@ -233,7 +252,11 @@ mod tests {
             },
         );
         let f = encode(&env, 2);
-        let back = decode(&f, 3).expect("decodes");
+        let back = decode(&f, 3, DateTime::<Utc>::UNIX_EPOCH).expect("decodes");
+        assert_eq!(
+            back.enqueued_at().timestamp_millis(),
+            env.enqueued_at().timestamp_millis()
+        );
         assert_eq!(back.kind(), "send_email");
         assert_eq!(back.id(), env.id());
         assert_eq!(back.attempt(), 3);
@@ -294,7 +317,22 @@ mod tests {
     #[test]
     fn a_missing_kind_is_named() {
         let f: Fields = vec![("payload".into(), b"{}".to_vec())];
-        assert_eq!(decode(&f, 1).unwrap_err(), "the entry has no `kind` field");
+        assert_eq!(
+            decode(&f, 1, DateTime::<Utc>::UNIX_EPOCH).unwrap_err(),
+            "the entry has no `kind` field"
+        );
+        let by_hand: Fields = vec![("kind".into(), b"k".to_vec()), ("payload".into(), vec![])];
+        assert_eq!(
+            decode(&by_hand, 1, id_time("1795985344932-0"))
+                .expect("decodes")
+                .enqueued_at(),
+            id_time("1795985344932-0"),
+            "enqueued when the entry was added"
+        );
+        assert_eq!(
+            id_time("1795985344932-0").timestamp_millis(),
+            1_795_985_344_932
+        );
     }
 
     #[test]
