@@ -52,6 +52,11 @@ pub(crate) struct Ctx {
     /// The queues, when the broker cannot list them itself (a Redis Cluster: each node given
     /// was asked for its own).
     pub(crate) listed: Option<Vec<String>>,
+    /// Whether the backend stores when a job was enqueued (an SQL table may have no
+    /// `enqueued_at` column: its dead letters' enqueued time is then unknown, not shown).
+    pub(crate) stores_enqueued: bool,
+    /// Redis: the broker, to read a dead letter's fields exactly as stored.
+    pub(crate) redis: Option<RedisBroker>,
 }
 
 impl Ctx {
@@ -194,6 +199,8 @@ pub(crate) async fn open(cli: &Cli) -> Result<Opened, Failure> {
                 place,
                 naming: Naming::Suffix(":dead"),
                 listed,
+                stores_enqueued: true,
+                redis: Some(broker.clone()),
             };
             Ok(Opened::Redis(broker, ctx))
         }
@@ -356,6 +363,8 @@ fn describe(
             place,
             naming,
             listed: None,
+            stores_enqueued: table.enqueued_at.is_some(),
+            redis: None,
         },
     ))
 }

@@ -33,11 +33,15 @@ pub(crate) async fn run<B: Broker>(
         Command::Queues => queues(b, ctx, out).await,
         Command::Dead(Dead::List { queue, kind, limit }) => {
             let dead = resolve(b, ctx, &queue).await?;
-            list(b, out, &dead, kind, limit as usize).await
+            list(b, ctx, out, &dead, kind, limit as usize).await
         }
-        Command::Dead(Dead::Show { queue, id }) => {
+        Command::Dead(Dead::Show {
+            queue,
+            id,
+            payload_to,
+        }) => {
             let dead = resolve(b, ctx, &queue).await?;
-            show(b, out, &dead, &id).await
+            show(b, ctx, out, &dead, &id, payload_to.as_deref()).await
         }
         Command::Dead(Dead::Replay {
             queue,
@@ -45,7 +49,7 @@ pub(crate) async fn run<B: Broker>(
             dry_run,
         }) => {
             let dead = resolve(b, ctx, &queue).await?;
-            replay(b, out, &dead, selector(select), dry_run).await
+            replay(b, ctx, out, &dead, selector(select), dry_run).await
         }
         Command::Dead(Dead::Purge {
             queue,
@@ -54,7 +58,7 @@ pub(crate) async fn run<B: Broker>(
             yes,
         }) => {
             let dead = resolve(b, ctx, &queue).await?;
-            purge(b, out, &dead, selector(select), dry_run, yes).await
+            purge(b, ctx, out, &dead, selector(select), dry_run, yes).await
         }
     }
 }
@@ -181,8 +185,34 @@ async fn resolve<B: Broker>(b: &B, ctx: &Ctx, queue: &str) -> Result<String, Fai
     Err(unknown())
 }
 
+/// What the backend stored for each of `letters` (see [`output::Stored`]), in order: on
+/// Redis, each entry's fields as they are.
+async fn stored(
+    ctx: &Ctx,
+    dead: &str,
+    letters: &[DeadLetter],
+) -> Result<Vec<output::Stored>, Failure> {
+    let fields = match &ctx.redis {
+        Some(r) => {
+            let ids: Vec<String> = letters.iter().map(|d| d.id.clone()).collect();
+            r.dead_letter_fields(dead, &ids)
+                .await
+                .map_err(Failure::broker)?
+        }
+        None => vec![None; letters.len()],
+    };
+    Ok(fields
+        .into_iter()
+        .map(|fields| output::Stored {
+            fields,
+            stores_enqueued: ctx.stores_enqueued,
+        })
+        .collect())
+}
+
 async fn list<B: Broker>(
     b: &B,
+    ctx: &Ctx,
     out: &Out,
     dead: &str,
     kind: Option<String>,
@@ -195,8 +225,13 @@ async fn list<B: Broker>(
         .map_err(Failure::broker)?;
     let more = letters.len() > limit;
     letters.truncate(limit);
+    let facts = stored(ctx, dead, &letters).await?;
     if out.json {
-        let v: Vec<_> = letters.iter().map(|d| output::dead_json(d, dead)).collect();
+        let v: Vec<_> = letters
+            .iter()
+            .zip(&facts)
+            .map(|(d, s)| output::dead_json(d, dead, s))
+            .collect();
         out.json(&serde_json::Value::Array(v));
         return Ok(OK);
     }
@@ -204,7 +239,7 @@ async fn list<B: Broker>(
         out.line(format!("no {} in `{dead}`", describe(&sel)));
         return Ok(OK);
     }
-    output::print_table(out, &output::dead_table(&letters));
+    output::print_table(out, &output::dead_table(&letters, &facts));
     if more {
         out.line(format!(
             "(the newest {limit} shown: --limit N shows more, `dead show` one in full)"
@@ -213,7 +248,14 @@ async fn list<B: Broker>(
     Ok(OK)
 }
 
-async fn show<B: Broker>(b: &B, out: &Out, dead: &str, id: &str) -> Result<u8, Failure> {
+async fn show<B: Broker>(
+    b: &B,
+    ctx: &Ctx,
+    out: &Out,
+    dead: &str,
+    id: &str,
+    payload_to: Option<&std::path::Path>,
+) -> Result<u8, Failure> {
     let found = b
         .dead_letters(dead, &DeadSelector::Id(id.to_owned()), 1)
         .await
@@ -221,8 +263,43 @@ async fn show<B: Broker>(b: &B, out: &Out, dead: &str, id: &str) -> Result<u8, F
     let Some(d) = found.into_iter().next() else {
         return Err(no_such_id(dead, id));
     };
+    let stored = stored(ctx, dead, std::slice::from_ref(&d))
+        .await?
+        .pop()
+        .unwrap_or_default();
+    let payload = stored.payload(&d);
+    let mut written = None;
+    if let Some(path) = payload_to {
+        let Some(bytes) = payload else {
+            return Err(Failure::new(
+                FAILED,
+                format!(
+                    "dead letter `{}` in `{dead}` has no payload to write: the entry has no `payload` field",
+                    d.id
+                ),
+            ));
+        };
+        if path.as_os_str() == "-" {
+            let mut stdout = std::io::stdout().lock();
+            return match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+                Ok(()) => Ok(OK),
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(OK),
+                Err(e) => Err(Failure::new(
+                    FAILED,
+                    format!("cannot write the payload to stdout: {e}"),
+                )),
+            };
+        }
+        std::fs::write(path, bytes).map_err(|e| {
+            Failure::new(
+                FAILED,
+                format!("cannot write the payload to `{}`: {e}", path.display()),
+            )
+        })?;
+        written = Some((path, bytes.len()));
+    }
     if out.json {
-        out.json(&output::dead_json(&d, dead));
+        out.json(&output::dead_json(&d, dead, &stored));
         return Ok(OK);
     }
     let env = &d.envelope;
@@ -230,34 +307,93 @@ async fn show<B: Broker>(b: &B, out: &Out, dead: &str, id: &str) -> Result<u8, F
     let field = |name: &str, value: &str| out.line(format!("{name:<13}{value}"));
     field("dead letter", &format!("{} in {dead}", d.id));
     field("queue", &d.origin);
-    field("kind", env.kind());
-    field("job id", env.id().as_str());
-    field("attempts", &d.attempts.to_string());
     field(
-        "failed at",
-        &format!(
-            "{} UTC ({})",
-            output::when(d.failed_at),
-            output::ago(d.failed_at)
-        ),
+        "kind",
+        &stored
+            .kind(&d)
+            .unwrap_or_else(|| "(missing: the entry has no `kind` field)".to_owned()),
     );
-    field(
-        "enqueued at",
-        &format!("{} UTC", output::when(env.enqueued_at())),
+    if stored.job_id_stored() {
+        field("job id", env.id().as_str());
+    } else {
+        field(
+            "job id",
+            &format!(
+                "{} (none stored: the dead letter's id stands for it)",
+                env.id()
+            ),
+        );
+    }
+    match stored.attempts_note(&d) {
+        Some(note) => field("attempts", &format!("{} ({note})", d.attempts)),
+        None => field("attempts", &d.attempts.to_string()),
+    }
+    let failed = format!(
+        "{} UTC ({})",
+        output::when(d.failed_at),
+        output::ago(d.failed_at)
     );
+    match stored.failed_note() {
+        Some(note) => field("failed at", &format!("{failed}; {note}")),
+        None => field("failed at", &failed),
+    }
+    match stored.enqueued(&d) {
+        Ok(t) => field("enqueued at", &format!("{} UTC", output::when(t))),
+        Err(why) => field("enqueued at", &why),
+    }
     if let Some(r) = &h.request_id {
         field("request id", r);
     }
     if let Some(t) = &h.trace {
         field("trace", t);
     }
-    for (k, v) in &h.extra {
-        field(&format!("header {k}"), v);
+    if stored.fields.is_none() {
+        for (k, v) in &h.extra {
+            field(&format!("header {k}"), v);
+        }
     }
-    match output::payload_text(env.payload()) {
-        (Some(text), _) => field("payload", text),
-        (None, Some(hex)) => field("payload (hex)", &hex),
-        _ => {}
+    match payload {
+        None => field("payload", "(missing: the entry has no `payload` field)"),
+        Some(p) => {
+            let view = output::payload_view(p);
+            let more = if view.truncated { "…" } else { "" };
+            match (&view.text, &view.hex) {
+                (Some(text), _) => field("payload", &format!("{text}{more}")),
+                (None, Some(hex)) => field("payload (hex)", &format!("{hex}{more}")),
+                _ => {}
+            }
+            if view.truncated {
+                let shown = if view.text.is_some() {
+                    output::TEXT_PREVIEW
+                } else {
+                    output::HEX_PREVIEW
+                };
+                field(
+                    "payload size",
+                    &format!(
+                        "{} bytes{}, the first {shown} shown (`--payload-to FILE` writes all of it)",
+                        view.bytes,
+                        if view.text.is_some() {
+                            ""
+                        } else {
+                            ", not UTF-8"
+                        },
+                    ),
+                );
+            }
+        }
+    }
+    if let Some((path, n)) = written {
+        field(
+            "",
+            &format!(
+                "(the payload's {n} bytes were written to {})",
+                path.display()
+            ),
+        );
+    }
+    for (k, v) in stored.other_fields() {
+        field(&format!("field {k}"), &v);
     }
     field("error", d.error.lines().next().unwrap_or_default());
     for line in d.error.lines().skip(1) {
@@ -322,6 +458,7 @@ fn spinner(len: usize, verb: &str) -> ProgressBar {
 
 async fn replay<B: Broker>(
     b: &B,
+    ctx: &Ctx,
     out: &Out,
     dead: &str,
     sel: DeadSelector,
@@ -332,7 +469,12 @@ async fn replay<B: Broker>(
     let to = origins.into_iter().collect::<Vec<_>>().join(", ");
     if dry_run {
         if out.json {
-            let v: Vec<_> = letters.iter().map(|d| output::dead_json(d, dead)).collect();
+            let facts = stored(ctx, dead, &letters).await?;
+            let v: Vec<_> = letters
+                .iter()
+                .zip(&facts)
+                .map(|(d, s)| output::dead_json(d, dead, s))
+                .collect();
             out.json(&serde_json::json!({
                 "dry_run": true,
                 "dead_letter": dead,
@@ -345,7 +487,7 @@ async fn replay<B: Broker>(
                 describe(&sel)
             ));
         } else {
-            output::print_table(out, &output::dead_table(&letters));
+            output::print_table(out, &output::dead_table(&letters, &[]));
             out.line(format!(
                 "dry run: would replay {} {} from `{dead}` to `{to}`; nothing moved",
                 letters.len(),
@@ -523,6 +665,7 @@ fn confirm(question: &str) -> Result<bool, Failure> {
 
 async fn purge<B: Broker>(
     b: &B,
+    ctx: &Ctx,
     out: &Out,
     dead: &str,
     sel: DeadSelector,
@@ -543,7 +686,12 @@ async fn purge<B: Broker>(
     }
     if dry_run {
         if out.json {
-            let v: Vec<_> = letters.iter().map(|d| output::dead_json(d, dead)).collect();
+            let facts = stored(ctx, dead, &letters).await?;
+            let v: Vec<_> = letters
+                .iter()
+                .zip(&facts)
+                .map(|(d, s)| output::dead_json(d, dead, s))
+                .collect();
             out.json(&serde_json::json!({
                 "dry_run": true,
                 "dead_letter": dead,
@@ -551,7 +699,7 @@ async fn purge<B: Broker>(
                 "dead_letters": v,
             }));
         } else {
-            output::print_table(out, &output::dead_table(&letters));
+            output::print_table(out, &output::dead_table(&letters, &[]));
             out.line(format!(
                 "dry run: would purge {} {} from `{dead}`; nothing deleted",
                 letters.len(),

@@ -130,6 +130,10 @@ pub(crate) enum Dead {
         queue: String,
         /// The dead letter's id (or its job's id).
         id: String,
+        /// Write the payload's exact bytes to FILE (`-`: stdout, and nothing else); the
+        /// listing shows a bounded preview of a large payload.
+        #[arg(long, value_name = "FILE")]
+        payload_to: Option<std::path::PathBuf>,
     },
     #[command(
         override_usage = "stagedoor-jobs dead replay [OPTIONS] <QUEUE> <ID|--kind <KIND>|--all>"

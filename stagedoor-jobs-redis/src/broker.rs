@@ -58,6 +58,18 @@ struct Inner {
     trimmed: AtomicU64,
     /// Per stream, the task that acknowledges settled deliveries in batches.
     acks: Mutex<HashMap<String, tokio::sync::mpsc::UnboundedSender<AckReq>>>,
+    /// Per queue, the caps of its mounts that have a dead letter (told by [`Broker::check`]
+    /// at startup): an entry whose `attempts` field alone reaches its mount's cap is
+    /// dead-lettered at claim time, saying so.
+    caps: Mutex<HashMap<String, Vec<Cap>>>,
+}
+
+/// The cap of one mount with a dead letter.
+#[derive(Clone, Debug)]
+struct Cap {
+    subscriber: String,
+    kind: Option<String>,
+    max_attempts: u32,
 }
 
 /// A delivery to acknowledge in its stream's next [`scripts::ACK_MANY`] call.
@@ -205,6 +217,7 @@ impl RedisBroker {
                 housekeeping: Mutex::new(HashMap::new()),
                 trimmed: AtomicU64::new(0),
                 acks: Mutex::new(HashMap::new()),
+                caps: Mutex::new(HashMap::new()),
             }),
             lease: Duration::from_secs(30),
             max_deliveries: 3,
@@ -255,6 +268,39 @@ impl RedisBroker {
     pub fn max_deliveries(mut self, n: u32) -> Self {
         self.max_deliveries = n.max(1);
         self
+    }
+
+    /// The fields of the dead letters `ids` of dead stream `dead` (`jobs:dead`) exactly as
+    /// stored: names and values as bytes, in order; `None` for an id with no such entry. One
+    /// round trip per 500 ids. For tools that show every field of a dead letter (a
+    /// [`DeadLetter`] decodes only the known ones).
+    pub async fn dead_letter_fields(
+        &self,
+        dead: &str,
+        ids: &[String],
+    ) -> Result<Vec<Option<Vec<(Vec<u8>, Vec<u8>)>>>, BrokerError> {
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(500) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("XRANGE").arg(&keys.dead).arg(id).arg(id);
+            }
+            let replies: Vec<Value> = pipe.query_async(&mut c).await.map_err(conn_err)?;
+            for (id, reply) in chunk
+                .iter()
+                .zip(replies.iter().chain(std::iter::repeat(&Value::Nil)))
+            {
+                out.push(
+                    value::entries(reply)
+                        .into_iter()
+                        .find(|(i, _)| i == id)
+                        .map(|(_, f)| f),
+                );
+            }
+        }
+        Ok(out)
     }
 
     /// This worker's consumer name in the groups.
@@ -330,25 +376,22 @@ impl RedisBroker {
         Utc::now()
     }
 
+    /// The fields of the dead letter of an entry with `fields`: every field it had, then its
+    /// `attempts` (spent; `None` keeps the entry's own field as it was, a malformed one
+    /// included), `error`, `traceback`, `failed_at` and `origin`.
     fn dead_fields(
         &self,
         fields: &Fields,
-        attempts: u32,
+        attempts: Option<u32>,
         error: &str,
         traceback: &str,
         origin: &str,
     ) -> Fields {
-        let mut f: Fields = fields
-            .iter()
-            .filter(|(k, _)| {
-                !matches!(
-                    k.as_str(),
-                    "attempts" | "error" | "traceback" | "failed_at" | "origin"
-                )
-            })
-            .cloned()
-            .collect();
-        f.push(("attempts".into(), attempts.to_string().into_bytes()));
+        let mut f = match attempts {
+            Some(n) => entry::with(fields, "attempts", n.to_string()),
+            None => fields.clone(),
+        };
+        f = entry::without(&f, &["error", "traceback", "failed_at", "origin"]);
         f.push(("error".into(), error.as_bytes().to_vec()));
         f.push(("traceback".into(), traceback.as_bytes().to_vec()));
         f.push(("failed_at".into(), self.now().to_rfc3339().into_bytes()));
@@ -369,11 +412,12 @@ impl RedisBroker {
     }
 
     /// Dead-letters an entry this worker holds, in one step; returns whether it was still ours.
+    /// `attempts`: the attempts spent it reports (`None`: its own field, kept as it was).
     async fn dead_letter_held(
         &self,
         keys: &Keys,
         (id, deliveries, fields): (&str, u64, &Fields),
-        attempts: u32,
+        attempts: Option<u32>,
         error: &str,
         traceback: &str,
     ) -> Result<bool, BrokerError> {
@@ -464,6 +508,7 @@ impl RedisBroker {
             .arg(DEAD_MAXLEN)
             .arg(self.now().to_rfc3339())
             .arg(&keys.name)
+            .arg(stagedoor_jobs::broker::MAX_ATTEMPT)
             .invoke_async(&mut c)
             .await;
         let reply = match reply {
@@ -500,7 +545,28 @@ impl RedisBroker {
         Ok(out)
     }
 
-    /// A delivery from an entry, or `None` when the entry is malformed (it is dead-lettered).
+    /// The cap of the mount that runs `kind` on `queue` (its own kind's mount, else the one
+    /// for every kind), when that mount has a dead letter.
+    fn cap_for(&self, queue: &str, kind: &str) -> Option<Cap> {
+        let caps = self
+            .inner
+            .caps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mounts = caps.get(queue)?;
+        mounts
+            .iter()
+            .find(|c| c.kind.as_deref() == Some(kind))
+            .or_else(|| mounts.iter().find(|c| c.kind.is_none()))
+            .cloned()
+    }
+
+    /// A delivery from an entry, or `None` when the entry cannot run: it is dead-lettered by
+    /// itself (the other entries of the claim run), with an error that names what is wrong.
+    /// That is an entry that is malformed (no `kind`, no `payload`, an `attempts` field that
+    /// is not a whole number of 0 or more: its fields are kept as they were), and an entry
+    /// whose `attempts` field alone reaches its mount's cap (it arrived with its attempts
+    /// already spent: no worker died running it here).
     async fn delivery(
         &self,
         keys: &Keys,
@@ -508,38 +574,86 @@ impl RedisBroker {
         fields: Fields,
         deliveries: u64,
     ) -> Result<Option<Delivery<RedisReceipt>>, BrokerError> {
-        let spent = entry::attempts(&fields);
-        let attempt = spent.saturating_add(u32::try_from(deliveries).unwrap_or(u32::MAX));
-        match entry::decode(&fields, attempt) {
-            Ok(envelope) => Ok(Some(Delivery {
-                envelope,
-                receipt: RedisReceipt {
-                    id,
-                    deliveries,
-                    fields,
-                },
-            })),
+        let dead_stream = Keys::is_dead(&keys.name);
+        let decoded = entry::attempts(&fields).and_then(|spent| {
+            let attempt = entry::attempt_of(spent, deliveries, dead_stream);
+            entry::decode(&fields, attempt, entry::id_time(&id)).map(|e| (spent, e))
+        });
+        let (spent, envelope) = match decoded {
+            Ok(d) => d,
             Err(why) => {
-                let error = format!("malformed entry {id}: {why}");
+                let error = format!(
+                    "malformed entry {id} on `{}`: {why}; it was not run (replay it once fixed)",
+                    keys.name
+                );
                 tracing::error!(queue = %keys.name, "{error}: dead-lettered");
-                self.dead_letter_held(keys, (&id, deliveries, &fields), attempt, &error, "")
+                self.dead_letter_held(keys, (&id, deliveries, &fields), None, &error, "")
                     .await?;
-                Ok(None)
+                return Ok(None);
             }
+        };
+        // On a queue's stream, an entry whose field says its mount's cap is spent already
+        // never runs; the runtime would say a worker died, which is not what happened.
+        // (Not on a dead stream: a dead letter's reader sees the attempts it spent.)
+        if !dead_stream
+            && let Some(cap) = self.cap_for(&keys.name, envelope.kind())
+            && spent >= cap.max_attempts
+        {
+            let raw = entry::get(&fields, "attempts").map_or_else(String::new, entry::shown);
+            let counted = if raw == spent.to_string() {
+                String::new()
+            } else {
+                format!(", counted as {spent}, the most an attempt counter holds")
+            };
+            let before = if deliveries > 1 {
+                format!(
+                    "; it had been delivered {} times before without being settled",
+                    deliveries - 1
+                )
+            } else {
+                "; this was its first delivery: it never ran here".to_owned()
+            };
+            let error = format!(
+                "entry {id} arrived on `{}` having already spent {spent} attempts by its `attempts` field (`{raw}`{counted}), and max_attempts({}) of subscriber `{}` allows no more: dead-lettered without running{before}. Replay it to run it again from attempt 1",
+                keys.name, cap.max_attempts, cap.subscriber
+            );
+            tracing::error!(queue = %keys.name, job_id = %envelope.id(), "{error}");
+            self.dead_letter_held(keys, (&id, deliveries, &fields), Some(spent), &error, "")
+                .await?;
+            return Ok(None);
         }
+        Ok(Some(Delivery {
+            envelope,
+            receipt: RedisReceipt {
+                id,
+                deliveries,
+                fields,
+            },
+        }))
     }
 
+    /// A dead letter from its entry, keeping what is stored and making nothing up: without a
+    /// `job_id` its job id is the entry's id (the same on every read, and `dead show` finds
+    /// it); without a `kind` its kind is empty; without `enqueued_at` or `failed_at` the time
+    /// is the entry's own (when it was added to the dead stream). An `attempts` field that is
+    /// not a number reports 0 (the field is kept as it is).
     fn dead_letter_of(&self, dead: &str, id: String, fields: &Fields) -> DeadLetter {
-        let attempts = entry::attempts(fields);
+        let attempts = entry::attempts_or_zero(fields);
         let origin = entry::text(fields, "origin")
             .unwrap_or_else(|| dead.trim_end_matches(DEAD_SUFFIX).to_owned());
-        let envelope = entry::decode(fields, attempts).unwrap_or_else(|_| {
+        let added = entry::id_time(&id);
+        let envelope = entry::decode(fields, attempts, added).unwrap_or_else(|_| {
             Envelope::new(
-                String::new(),
+                entry::text(fields, "kind").unwrap_or_default(),
                 entry::get(fields, "payload").unwrap_or_default().to_vec(),
-                Utc::now(),
+                entry::enqueued_at(fields).unwrap_or(added),
             )
+            .with_attempt(attempts)
         });
+        let job_id = entry::text(fields, "job_id")
+            .filter(|j| !j.is_empty())
+            .unwrap_or_else(|| id.clone());
+        let envelope = envelope.with_id(stagedoor_jobs::JobId::from_string(job_id));
         DeadLetter {
             id,
             envelope,
@@ -549,7 +663,7 @@ impl RedisBroker {
             attempts,
             failed_at: entry::text(fields, "failed_at")
                 .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
-                .map_or_else(Utc::now, |t| t.with_timezone(&Utc)),
+                .map_or(added, |t| t.with_timezone(&Utc)),
         }
     }
 }
@@ -623,6 +737,24 @@ impl Broker for RedisBroker {
 
     async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
         let mut problems = Vec::new();
+        {
+            let mut caps = self
+                .inner
+                .caps
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for m in mounts {
+                if let (Some(max_attempts), Some(_)) = (m.max_attempts, &m.dead_letter) {
+                    let known = caps.entry(m.queue.clone()).or_default();
+                    known.retain(|c| c.kind != m.kind);
+                    known.push(Cap {
+                        subscriber: m.subscriber.clone(),
+                        kind: m.kind.clone(),
+                        max_attempts,
+                    });
+                }
+            }
+        }
         for m in mounts {
             if let Some(dead) = &m.dead_letter {
                 let expected = format!("{}{DEAD_SUFFIX}", m.queue);
@@ -800,15 +932,11 @@ impl Broker for RedisBroker {
                 answer.await.map_err(|_| stopped())??
             }
             Settlement::Retry { delay, .. } => {
-                // The next entry carries the attempts spent so far.
-                let spent = delivery.envelope.attempt();
-                let mut fields: Fields = r
-                    .fields
-                    .iter()
-                    .filter(|(k, _)| k != "attempts")
-                    .cloned()
-                    .collect();
-                fields.push(("attempts".into(), spent.to_string().into_bytes()));
+                // The next entry carries the attempts spent so far (its next delivery is this
+                // one's number + 1).
+                let spent =
+                    entry::attempts_after(delivery.envelope.attempt(), Keys::is_dead(queue));
+                let fields = entry::with(&r.fields, "attempts", spent.to_string());
                 let due = if delay.is_zero() {
                     0
                 } else {
@@ -847,7 +975,7 @@ impl Broker for RedisBroker {
                 self.dead_letter_held(
                     &keys,
                     (&r.id, r.deliveries, &r.fields),
-                    delivery.envelope.attempt(),
+                    Some(delivery.envelope.attempt()),
                     &failure.error,
                     &failure.traceback,
                 )
@@ -1060,17 +1188,17 @@ impl Broker for RedisBroker {
                 continue;
             };
             let origin = self.keys(&d.origin);
-            let mut f: Fields = fields
-                .iter()
-                .filter(|(k, _)| {
-                    !matches!(
-                        k.as_str(),
-                        "attempts" | "error" | "traceback" | "failed_at" | "origin"
-                    )
-                })
-                .cloned()
-                .collect();
-            f.push(("attempts".into(), b"0".to_vec()));
+            let f = entry::with(
+                &entry::without(fields, &["error", "traceback", "failed_at", "origin"]),
+                "attempts",
+                "0",
+            );
+            // A dead letter without a job id is shown with its entry's id: the job keeps it.
+            let f = if entry::get(&f, "job_id").is_none_or(<[u8]>::is_empty) {
+                entry::with(&f, "job_id", d.envelope.id().as_str())
+            } else {
+                f
+            };
             let r: redis::RedisResult<i64> = scripts::REPLAY
                 .key(&keys.dead)
                 .key(&origin.stream)

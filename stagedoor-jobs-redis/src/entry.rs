@@ -5,12 +5,16 @@
 //! `request_id`, `trace`, `h.<name>` for any other header. A dead entry adds `error`,
 //! `traceback`, `failed_at` (RFC 3339) and `origin` (the queue it failed on), and its
 //! `attempts` is the attempts it spent.
+//!
+//! Names and values are kept as the bytes the server holds: an entry added by hand with a
+//! field name that is not UTF-8 is re-added (retried, dead-lettered) with the same name.
 
 use chrono::{DateTime, Utc};
+use stagedoor_jobs::broker::MAX_ATTEMPT;
 use stagedoor_jobs::{Envelope, Headers, JobId};
 
-/// Fields of one entry, in order.
-pub(crate) type Fields = Vec<(String, Vec<u8>)>;
+/// Fields of one entry, in order, as bytes.
+pub(crate) type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// The fields of `envelope`, whose job has spent `attempts`.
 pub(crate) fn encode(envelope: &Envelope, attempts: u32) -> Fields {
@@ -36,7 +40,7 @@ pub(crate) fn encode(envelope: &Envelope, attempts: u32) -> Fields {
         f.push(("trace".into(), t.as_bytes().to_vec()));
     }
     for (k, v) in &h.extra {
-        f.push((format!("h.{k}"), v.as_bytes().to_vec()));
+        f.push((format!("h.{k}").into_bytes(), v.as_bytes().to_vec()));
     }
     f
 }
@@ -45,8 +49,36 @@ pub(crate) fn encode(envelope: &Envelope, attempts: u32) -> Fields {
 pub(crate) fn get<'a>(fields: &'a Fields, name: &str) -> Option<&'a [u8]> {
     fields
         .iter()
-        .find(|(k, _)| k == name)
+        .find(|(k, _)| k == name.as_bytes())
         .map(|(_, v)| v.as_slice())
+}
+
+/// `fields` without the fields named in `names`.
+pub(crate) fn without(fields: &Fields, names: &[&str]) -> Fields {
+    fields
+        .iter()
+        .filter(|(k, _)| !names.iter().any(|n| k == n.as_bytes()))
+        .cloned()
+        .collect()
+}
+
+/// `fields` with field `name` set to `value` (put last, any earlier one removed).
+pub(crate) fn with(fields: &Fields, name: &str, value: impl Into<Vec<u8>>) -> Fields {
+    let mut f = without(fields, &[name]);
+    f.push((name.as_bytes().to_vec(), value.into()));
+    f
+}
+
+/// Bytes as text for a message: UTF-8 as it is, any other byte escaped (`\xff`), never
+/// replaced.
+pub(crate) fn shown(bytes: &[u8]) -> String {
+    bytes.utf8_chunks().fold(String::new(), |mut s, c| {
+        s.push_str(c.valid());
+        for b in c.invalid() {
+            s.push_str(&format!("\\x{b:02x}"));
+        }
+        s
+    })
 }
 
 /// The text of field `name`.
@@ -54,28 +86,47 @@ pub(crate) fn text(fields: &Fields, name: &str) -> Option<String> {
     get(fields, name).map(|v| String::from_utf8_lossy(v).into_owned())
 }
 
-/// An envelope from entry fields: `Err` names what is missing or malformed.
-pub(crate) fn decode(fields: &Fields, attempt: u32) -> Result<Envelope, String> {
+/// When the entry `id` (`<ms>-<seq>`) was added to its stream.
+pub(crate) fn id_time(id: &str) -> DateTime<Utc> {
+    id.split('-')
+        .next()
+        .and_then(|m| m.parse::<i64>().ok())
+        .and_then(DateTime::<Utc>::from_timestamp_millis)
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+}
+
+/// The `enqueued_at` field as a time, if it is one.
+pub(crate) fn enqueued_at(fields: &Fields) -> Option<DateTime<Utc>> {
+    text(fields, "enqueued_at")
+        .and_then(|t| t.parse::<i64>().ok())
+        .and_then(DateTime::<Utc>::from_timestamp_millis)
+}
+
+/// An envelope from entry fields: `Err` names what is missing or malformed. Without an
+/// `enqueued_at` field (an entry added by hand) the job was enqueued at `added`, when the
+/// entry was added (its id's time), never "now".
+pub(crate) fn decode(
+    fields: &Fields,
+    attempt: u32,
+    added: DateTime<Utc>,
+) -> Result<Envelope, String> {
     let kind = text(fields, "kind")
         .filter(|k| !k.is_empty())
         .ok_or("the entry has no `kind` field")?;
     let payload = get(fields, "payload")
         .ok_or("the entry has no `payload` field")?
         .to_vec();
-    let enqueued = text(fields, "enqueued_at")
-        .and_then(|t| t.parse::<i64>().ok())
-        .and_then(DateTime::<Utc>::from_timestamp_millis)
-        .unwrap_or_else(Utc::now);
+    let enqueued = enqueued_at(fields).unwrap_or(added);
     let mut headers = Headers {
         request_id: text(fields, "request_id"),
         trace: text(fields, "trace"),
         ..Headers::default()
     };
     for (k, v) in fields {
-        if let Some(name) = k.strip_prefix("h.") {
+        if let Some(name) = k.strip_prefix(b"h.") {
             headers
                 .extra
-                .insert(name.to_owned(), String::from_utf8_lossy(v).into_owned());
+                .insert(shown(name), String::from_utf8_lossy(v).into_owned());
         }
     }
     let mut env = Envelope::new(kind, payload, enqueued)
@@ -87,18 +138,68 @@ pub(crate) fn decode(fields: &Fields, attempt: u32) -> Result<Envelope, String> 
     Ok(env)
 }
 
-/// The attempts an entry says were spent before it was added.
-pub(crate) fn attempts(fields: &Fields) -> u32 {
-    text(fields, "attempts")
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(0)
+/// The attempts an entry says were spent (before it was added to a queue's stream; when it
+/// failed, for a dead stream's entry): its `attempts` field, 0 without one, saturated at
+/// [`MAX_ATTEMPT`]. `Err` when the field is not a whole number of 0 or more (`-1`, `abc`,
+/// `1.5`, empty): the entry is malformed, and the message names the field, its value and the
+/// fix.
+pub(crate) fn attempts(fields: &Fields) -> Result<u32, String> {
+    let Some(raw) = get(fields, "attempts") else {
+        return Ok(0);
+    };
+    if raw.is_empty() || !raw.iter().all(u8::is_ascii_digit) {
+        return Err(format!(
+            "its `attempts` field is `{}`, not a whole number of 0 or more: set it to the attempts the job has spent (`0` for a new job), or delete the field",
+            shown(raw)
+        ));
+    }
+    // Leading zeros aside, more digits than MAX_ATTEMPT has is above it.
+    let digits = raw.iter().skip_while(|b| **b == b'0').count();
+    let n = if digits > 5 {
+        MAX_ATTEMPT
+    } else {
+        raw.iter()
+            .fold(0u32, |n, b| n * 10 + u32::from(b - b'0'))
+            .min(MAX_ATTEMPT)
+    };
+    Ok(n)
+}
+
+/// The attempts a dead entry reports: its `attempts` field, or 0 when that is not a number
+/// (the field itself is kept as it was, for `dead show`).
+pub(crate) fn attempts_or_zero(fields: &Fields) -> u32 {
+    attempts(fields).unwrap_or(0)
+}
+
+/// The attempt number of delivery `deliveries` (1 for the first) of an entry that says
+/// `spent` attempts were spent, in 1..=[`MAX_ATTEMPT`], never wrapping. On a queue's stream
+/// the first delivery is `spent + 1`; on a dead stream (a subscriber reading dead letters) it
+/// is `spent` itself, the attempts the dead letter reports (at least 1).
+pub(crate) fn attempt_of(spent: u32, deliveries: u64, dead_stream: bool) -> u32 {
+    let first = if dead_stream {
+        u64::from(spent.max(1))
+    } else {
+        u64::from(spent) + 1
+    };
+    let n = first.saturating_add(deliveries.max(1) - 1);
+    u32::try_from(n.min(u64::from(MAX_ATTEMPT))).unwrap_or(MAX_ATTEMPT)
+}
+
+/// The `attempts` field an entry gets when delivery `attempt` of it is retried, so that its
+/// next delivery is `attempt + 1` ([`attempt_of`] with one delivery).
+pub(crate) fn attempts_after(attempt: u32, dead_stream: bool) -> u32 {
+    if dead_stream {
+        attempt.saturating_add(1).min(MAX_ATTEMPT)
+    } else {
+        attempt.min(MAX_ATTEMPT)
+    }
 }
 
 /// Fields as a flat argument list.
 pub(crate) fn flat(fields: &Fields) -> Vec<Vec<u8>> {
     fields
         .iter()
-        .flat_map(|(k, v)| [k.as_bytes().to_vec(), v.clone()])
+        .flat_map(|(k, v)| [k.clone(), v.clone()])
         .collect()
 }
 
@@ -151,18 +252,87 @@ mod tests {
             },
         );
         let f = encode(&env, 2);
-        let back = decode(&f, 3).expect("decodes");
+        let back = decode(&f, 3, DateTime::<Utc>::UNIX_EPOCH).expect("decodes");
+        assert_eq!(
+            back.enqueued_at().timestamp_millis(),
+            env.enqueued_at().timestamp_millis()
+        );
         assert_eq!(back.kind(), "send_email");
         assert_eq!(back.id(), env.id());
         assert_eq!(back.attempt(), 3);
         assert_eq!(back.headers().request_id.as_deref(), Some("7f3a9c2e"));
-        assert_eq!(attempts(&f), 2);
+        assert_eq!(attempts(&f), Ok(2));
+    }
+
+    fn with_attempts(v: &str) -> Fields {
+        vec![("attempts".into(), v.as_bytes().to_vec())]
+    }
+
+    #[test]
+    fn attempts_are_a_whole_number_or_malformed() {
+        assert_eq!(attempts(&Fields::new()), Ok(0));
+        assert_eq!(attempts(&with_attempts("0")), Ok(0));
+        assert_eq!(attempts(&with_attempts("5")), Ok(5));
+        assert_eq!(attempts(&with_attempts("0032767")), Ok(MAX_ATTEMPT));
+        assert_eq!(attempts(&with_attempts("32768")), Ok(MAX_ATTEMPT));
+        assert_eq!(attempts(&with_attempts("4294967295")), Ok(MAX_ATTEMPT));
+        assert_eq!(
+            attempts(&with_attempts("99999999999999999999999")),
+            Ok(MAX_ATTEMPT)
+        );
+        for bad in ["-1", "abc", "", "1.5", " 3", "+3"] {
+            let e = attempts(&with_attempts(bad)).unwrap_err();
+            assert!(e.contains(&format!("`{bad}`")), "{e}");
+            assert!(e.contains("`attempts`"), "{e}");
+        }
+        let e = attempts(&vec![("attempts".into(), vec![0xff, b'1'])]).unwrap_err();
+        assert!(e.contains("`\\xff1`"), "{e}");
+    }
+
+    #[test]
+    fn attempt_numbers_saturate_and_never_wrap() {
+        assert_eq!(attempt_of(0, 1, false), 1);
+        assert_eq!(attempt_of(4, 2, false), 6);
+        assert_eq!(attempt_of(MAX_ATTEMPT, 1, false), MAX_ATTEMPT);
+        assert_eq!(attempt_of(MAX_ATTEMPT - 1, u64::MAX, false), MAX_ATTEMPT);
+        assert_eq!(
+            attempt_of(5, 1, true),
+            5,
+            "a dead letter's reader sees its attempts"
+        );
+        assert_eq!(attempt_of(0, 1, true), 1);
+        assert_eq!(attempt_of(5, 2, true), 6);
+        assert_eq!(attempts_after(5, true), 6);
+        assert_eq!(attempt_of(attempts_after(5, true), 1, true), 6);
+        assert_eq!(attempt_of(attempts_after(5, false), 1, false), 6);
+        assert_eq!(attempts_after(MAX_ATTEMPT, true), MAX_ATTEMPT);
+    }
+
+    #[test]
+    fn shown_escapes_bytes_that_are_not_utf8() {
+        assert_eq!(shown(b"caf\xc3\xa9"), "café");
+        assert_eq!(shown(&[b'a', 0xff, b'b']), "a\\xffb");
     }
 
     #[test]
     fn a_missing_kind_is_named() {
         let f: Fields = vec![("payload".into(), b"{}".to_vec())];
-        assert_eq!(decode(&f, 1).unwrap_err(), "the entry has no `kind` field");
+        assert_eq!(
+            decode(&f, 1, DateTime::<Utc>::UNIX_EPOCH).unwrap_err(),
+            "the entry has no `kind` field"
+        );
+        let by_hand: Fields = vec![("kind".into(), b"k".to_vec()), ("payload".into(), vec![])];
+        assert_eq!(
+            decode(&by_hand, 1, id_time("1795985344932-0"))
+                .expect("decodes")
+                .enqueued_at(),
+            id_time("1795985344932-0"),
+            "enqueued when the entry was added"
+        );
+        assert_eq!(
+            id_time("1795985344932-0").timestamp_millis(),
+            1_795_985_344_932
+        );
     }
 
     #[test]

@@ -146,11 +146,14 @@ return {#due, nxt[2] or false}
 });
 
 /// KEYS: stream, dead, ids. ARGV: group, consumer, min_idle_ms, count, max_deliveries,
-/// maxlen, failed_at, queue. Reclaims entries idle past their lease (XAUTOCLAIM), forgets
-/// entries deleted while pending, dead-letters entries delivered more than max_deliveries
-/// times without running them, and returns {the rest as {id, fields, deliveries}, dead-stream
-/// entries trimmed by those dead letters} (the count was not returned before, so these trims
-/// were missing from `RedisBroker::trimmed()` and the log).
+/// maxlen, failed_at, queue, max_attempt. Reclaims entries idle past their lease
+/// (XAUTOCLAIM), forgets entries deleted while pending, dead-letters entries delivered more
+/// than max_deliveries times without running them (attempts spent: the field's count plus
+/// the deliveries before this one, at most max_attempt), and returns {the rest as {id, fields,
+/// deliveries}, dead-stream entries trimmed by those dead letters} (the count was not returned
+/// before, so these trims were missing from `RedisBroker::trimmed()` and the log). An entry
+/// whose `attempts` field is not a whole number is returned as it is: the broker dead-letters
+/// it as malformed, naming the field.
 pub(crate) static RECLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
@@ -167,18 +170,29 @@ for _, e in ipairs(r[2]) do
   else
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
     local d = tonumber(p[1][4])
-    if d > tonumber(ARGV[5]) then
-      local job, spent = '', 0
+    local max = tonumber(ARGV[9])
+    local spent, wellformed = 0, true
+    for i = 1, #f, 2 do
+      if f[i] == 'attempts' then
+        local a = f[i + 1]
+        if string.match(a, '^%d+$') then
+          local digits = string.gsub(a, '^0+', '')
+          if #digits > 5 then spent = max else spent = math.min(tonumber(a), max) end
+        else
+          wellformed = false
+        end
+      end
+    end
+    if wellformed and d > tonumber(ARGV[5]) then
+      local job = ''
       local g = {}
       for i = 1, #f, 2 do
         if f[i] == 'job_id' then job = f[i + 1] end
-        if f[i] == 'attempts' then
-          spent = tonumber(f[i + 1]) or 0
-        else
+        if f[i] ~= 'attempts' then
           table.insert(g, f[i]); table.insert(g, f[i + 1])
         end
       end
-      table.insert(g, 'attempts'); table.insert(g, tostring(spent + d - 1))
+      table.insert(g, 'attempts'); table.insert(g, string.format('%d', math.min(spent + d - 1, max)))
       table.insert(g, 'error')
       table.insert(g, 'delivered ' .. d .. ' times without being settled (max_deliveries ' .. ARGV[5] .. '): its workers died while running it, so it is dead-lettered without running again')
       table.insert(g, 'traceback'); table.insert(g, '')

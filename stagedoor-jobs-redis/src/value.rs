@@ -33,17 +33,17 @@ pub(crate) fn array(v: &Value) -> &[Value] {
     }
 }
 
-/// Field/value pairs of an entry (an array, or a map on RESP3).
+/// Field/value pairs of an entry (an array, or a map on RESP3), names and values as bytes.
 pub(crate) fn fields(v: &Value) -> Fields {
     match v {
         Value::Map(m) => m
             .iter()
-            .filter_map(|(k, v)| Some((string(k)?, bytes(v)?)))
+            .filter_map(|(k, v)| Some((bytes(k)?, bytes(v)?)))
             .collect(),
         other => array(other)
             .chunks(2)
             .filter_map(|c| match c {
-                [k, v] => Some((string(k)?, bytes(v)?)),
+                [k, v] => Some((bytes(k)?, bytes(v)?)),
                 _ => None,
             })
             .collect(),

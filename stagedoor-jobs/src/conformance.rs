@@ -151,6 +151,7 @@ macro_rules! conformance_tests {
             duplicate_publishes_are_reported_not_stored
             paused_publish_returns_once_the_job_has_settled
             a_job_that_cannot_be_read_is_dead_lettered_alone
+            dead_letter_reports_attempts_spent
         );
     };
     ($fixture:expr $(,)?) => {
@@ -2260,5 +2261,69 @@ pub async fn a_job_that_cannot_be_read_is_dead_lettered_alone<F: Fixture>(fixtur
     for q in app.health().queues {
         assert_eq!(q.failed_claims_total, 0, "no claim failed: {q:?}");
     }
+    app.stop().await;
+}
+
+/// A dead letter reports the attempts its job spent: after `N` failed deliveries under
+/// `max_attempts(N)`, the dead letter's `attempts` and its envelope's attempt are `N` (not the
+/// next delivery's number), and a subscriber that reads the dead letter (mounted on it, as seed
+/// 002's `review`) sees `N` on its first delivery of it.
+pub async fn dead_letter_reports_attempts_spent<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_dead_spent";
+    const CAP: u32 = 4;
+    let failing = Probe::new();
+    let broker = fixture.broker().await;
+    let same = broker.clone();
+    let dl = broker.default_dead_letter(Q);
+    let app = start(
+        &fixture,
+        service(&failing).with_broker(broker, |b| {
+            b.include(Subscriber::new(Q, fails_with_source).name("fails_with_source"))
+                .max_attempts(crate::nonzero!(CAP))
+                .dead_letter(dl.clone());
+        }),
+    )
+    .await;
+    let id = app.publish(job(Q, 11)).await.expect("publish").into_id();
+    app.drain().await;
+    assert_eq!(
+        failing.attempts(),
+        (1..=CAP).map(Some).collect::<Vec<_>>(),
+        "the job runs {CAP} times; records {:?}",
+        app.records()
+    );
+    let letters = app.dead_letters(&dl).await;
+    assert_eq!(letters.len(), 1, "one dead letter: {letters:?}");
+    assert_eq!(letters[0].envelope.id(), &id);
+    assert_eq!(
+        letters[0].attempts, CAP,
+        "the dead letter reports the attempts spent: {:?}",
+        letters[0]
+    );
+    assert_eq!(
+        letters[0].envelope.attempt(),
+        CAP,
+        "its envelope too: {:?}",
+        letters[0]
+    );
+    app.stop().await;
+
+    // The dead letter's reader, on the same backend.
+    let reader = Probe::new();
+    let app = start(
+        &fixture,
+        service(&reader).with_broker(same, |b| {
+            b.include(Subscriber::new(dl.clone(), acks).name("reads_dead_letters"));
+        }),
+    )
+    .await;
+    app.drain().await;
+    eventually("the dead letter's reader ran", || reader.runs() == 1).await;
+    assert_eq!(
+        reader.attempts_of(11),
+        [Some(CAP)],
+        "the reader's first delivery of the dead letter sees the attempts spent; records {:?}",
+        app.records()
+    );
     app.stop().await;
 }

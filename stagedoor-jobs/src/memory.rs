@@ -56,6 +56,10 @@ struct MemQueue {
 struct Stored {
     envelope: Envelope,
     dead: Option<DeadInfo>,
+    /// A dead letter not yet delivered from its dead letter: its envelope's attempt is the
+    /// attempts it spent, which a subscriber reading the dead letter sees on its first
+    /// delivery (later deliveries count up from there).
+    unread_dead: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -139,10 +143,12 @@ impl MemoryBroker {
                 break;
             }
             let mut stored = entry.remove();
-            stored.envelope = stored
-                .envelope
-                .clone()
-                .with_attempt(stored.envelope.attempt() + 1);
+            let attempt = if std::mem::take(&mut stored.unread_dead) {
+                stored.envelope.attempt().max(1)
+            } else {
+                stored.envelope.attempt() + 1
+            };
+            stored.envelope = stored.envelope.clone().with_attempt(attempt);
             *seq += 1;
             let token = *seq;
             out.push(Delivery {
@@ -321,6 +327,7 @@ impl Broker for MemoryBroker {
                         failure,
                         failed_at: now,
                     });
+                    stored.unread_dead = true;
                     let t = queues.entry(target).or_default();
                     t.ids.insert(stored.envelope.id().clone());
                     *seq += 1;
@@ -356,6 +363,7 @@ impl Broker for MemoryBroker {
                     Stored {
                         envelope,
                         dead: None,
+                        unread_dead: false,
                     },
                 );
             }
@@ -449,6 +457,7 @@ impl Broker for MemoryBroker {
                     Stored {
                         envelope,
                         dead: None,
+                        unread_dead: false,
                     },
                 );
                 report.replayed += 1;
