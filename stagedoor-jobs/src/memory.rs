@@ -139,10 +139,13 @@ impl MemoryBroker {
                 break;
             }
             let mut stored = entry.remove();
-            stored.envelope = stored
+            // The counter saturates at MAX_ATTEMPT, as on every backend.
+            let attempt = stored
                 .envelope
-                .clone()
-                .with_attempt(stored.envelope.attempt() + 1);
+                .attempt()
+                .saturating_add(1)
+                .min(crate::broker::MAX_ATTEMPT);
+            stored.envelope = stored.envelope.clone().with_attempt(attempt);
             *seq += 1;
             let token = *seq;
             out.push(Delivery {

@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::broker::{Broker, BrokerError, Problem};
+use crate::backoff::{Backoff, UNCAPPED_FLOOR};
+use crate::broker::{Broker, BrokerError, MAX_ATTEMPT, Problem};
 use crate::clock::Clock;
 use crate::envelope::{Job, JobId};
 use crate::extract::State;
@@ -270,6 +271,13 @@ impl Service {
                     )),
                     _ => {}
                 }
+                if let Some(n) = m.max_attempts
+                    && n.get() > MAX_ATTEMPT
+                {
+                    add(format!(
+                        "max_attempts({n}) can never be reached: every backend's attempt counter stops at {MAX_ATTEMPT} (stagedoor_jobs::broker::MAX_ATTEMPT), so a failing job would be retried forever: declare a cap of at most {MAX_ATTEMPT}, such as `.max_attempts(nonzero!(25u32))`"
+                    ));
+                }
                 if m.dead_letter.as_deref() == Some(m.queue.as_str()) {
                     add(format!(
                         "the dead letter is the queue itself (`{}`), so a dead job would run again: name another, such as `{}`",
@@ -355,7 +363,9 @@ impl Service {
                     tracing::warn!(
                         subscriber = %m.subscriber,
                         queue = %m.queue,
-                        "no max_attempts on this mount: a job that always fails is retried forever; declare `.max_attempts(..)` with a `.dead_letter(..)`"
+                        "no max_attempts on this mount: a job that always fails is retried forever, at least {:?} apart (doubling to {:?}: UNCAPPED_FLOOR); declare `.max_attempts(..)` with a `.dead_letter(..)`",
+                        UNCAPPED_FLOOR.delay(1),
+                        UNCAPPED_FLOOR.delay(u32::MAX)
                     );
                 }
             }
