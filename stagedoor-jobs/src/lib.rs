@@ -95,6 +95,7 @@ pub use mount::{
     DEFAULT_CONCURRENCY, Mount, OnDecodeError, RouteBuilder, Set, Undeclared, Unset, steps,
 };
 pub use outcome::{BoxError, Failure, FailureCause, HandlerOutcome, IntoOutcome};
+pub use panic::{TRACEBACK_MAX_BYTES, TRACEBACK_MAX_FRAMES};
 pub use schedule::{CronExpr, Missed, Schedule};
 pub use service::{AppInfo, Running, Service, ServiceError};
 /// `#[derive(Inbox)]`: describes a job table for the SQL backend (the trait of the same name).
