@@ -201,6 +201,15 @@ impl Service {
     /// Calls `hook` when a dead letter of this service goes from empty to not empty (an error
     /// is logged either way): wire it to your pager. Seen at once when this worker
     /// dead-letters a job, and within the metrics interval otherwise.
+    ///
+    /// One incident pages once, however many workers run the service: every worker's monitor
+    /// sees the transition, and only the one that takes the broker lock
+    /// `dead-alert:<dead letter>:<id of its oldest entry>:<its failed_at>` (24 h) calls its hook
+    /// and logs the ERROR; the others log at INFO that another worker paged. The lock lives on
+    /// the backend (Redis `SET NX`, an SQL row, the memory broker), so workers need no other
+    /// coordination. If the backend cannot answer (listing the dead letter or taking the lock
+    /// fails), the monitor pages anyway: it fails open, so an incident may then page twice but
+    /// is never missed. Emptied (purged or replayed) and filled again, it pages again.
     pub fn on_dead_letter(
         mut self,
         hook: impl Fn(&DeadLetterAlert) + Send + Sync + 'static,
