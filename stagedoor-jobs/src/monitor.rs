@@ -88,11 +88,9 @@ enum Page {
     Mine,
     /// Another monitor (another worker) took it first: it has paged.
     Taken,
-    /// The backend could not tell (an error listing or locking): this monitor pages, rather
-    /// than risk nobody paging.
+    /// The backend could not tell (an error listing or locking, or a listing that shows no
+    /// entry to name the incident by): this monitor pages, rather than risk nobody paging.
     FailOpen,
-    /// The dead letter was emptied in the meantime: nothing to page about.
-    Gone,
 }
 
 /// Decides, across every worker of the backend, which monitor pages for the incident that made
@@ -107,7 +105,10 @@ async fn claim_page(route: &dyn ErasedRoute, dead: &str, token: &str) -> Page {
     {
         Ok(letters) => match letters.last() {
             Some(d) => d.clone(),
-            None => return Page::Gone,
+            None => {
+                tracing::warn!(dead_letter = %dead, "the dead letter lists no entry to name the incident by (emptied again, or its entries unreadable): paging from this worker");
+                return Page::FailOpen;
+            }
         },
         Err(e) => {
             tracing::warn!(dead_letter = %dead, error = %e, "could not list the dead letter to tell whether another worker pages for it: paging from this worker");
@@ -205,10 +206,6 @@ pub(crate) async fn run(
                             dead_letter = %alert.dead_letter,
                             length = alert.length,
                             "a dead letter went from empty to {len}: another worker has paged for it"
-                        ),
-                        Page::Gone => tracing::debug!(
-                            dead_letter = %alert.dead_letter,
-                            "a dead letter went from empty to {len} and was emptied again before it was paged"
                         ),
                     }
                 }
