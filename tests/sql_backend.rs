@@ -1091,7 +1091,10 @@ async fn fifo_retry_keeps_the_row_at_the_head_of_its_group<D: Db>() {
     let probe = Probe::new();
     let app = start(
         service(&probe).with_broker(D::route::<Fifo>(&db.broker(), "g"), |b| {
+            // A cap: an uncapped mount would wait UNCAPPED_FLOOR before each retry.
             b.include(Subscriber::new("g", fifo_retry_head).name("g"))
+                .max_attempts(nonzero!(5u32))
+                .dead_letter("g.dead")
                 .concurrency(8);
         }),
     )
@@ -1117,7 +1120,10 @@ async fn fifo_retry_after_lets_rows_due_earlier_pass<D: Db>() {
     let probe = Probe::new();
     let app = start(
         service(&probe).with_broker(D::route::<Fifo>(&db.broker(), "g"), |b| {
+            // A cap: an uncapped mount would wait UNCAPPED_FLOOR before each retry.
             b.include(Subscriber::new("g", fifo_retry_after_head).name("g"))
+                .max_attempts(nonzero!(5u32))
+                .dead_letter("g.dead")
                 .concurrency(8);
         }),
     )

@@ -354,7 +354,7 @@ async fn a_job_that_kills_its_workers_is_dead_lettered_after_its_cap<D: Db>() {
     assert_eq!(d.origin, QUEUE);
     assert_eq!(d.attempts, CAP + 1, "every claim counted");
     assert!(
-        d.error.contains(&format!("claimed {} times", CAP + 1))
+        d.error.contains(&format!("delivery {} ", CAP + 1))
             && d.error.contains(&format!("max_attempts({CAP})")),
         "the error says it was claimed too many times: {:?}",
         d.error

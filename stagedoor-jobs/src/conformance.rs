@@ -152,6 +152,7 @@ macro_rules! conformance_tests {
             paused_publish_returns_once_the_job_has_settled
             a_job_that_cannot_be_read_is_dead_lettered_alone
             dead_letter_reports_attempts_spent
+            uncapped_mount_retries_no_faster_than_the_floor
         );
     };
     ($fixture:expr $(,)?) => {
@@ -1285,7 +1286,7 @@ pub async fn job_abandoned_at_shutdown_comes_back_after_its_lease<F: Fixture>(fi
 }
 
 /// A job claimed beyond its cap (its workers died with it, each claim spending an attempt) is
-/// dead-lettered without running, saying it was claimed too many times.
+/// dead-lettered without running, its error naming the delivery number and the cap.
 pub async fn job_claimed_beyond_its_cap_is_dead_lettered_without_running<F: Fixture>(fixture: F) {
     const Q: &str = "cf_poison";
     const CAP: u32 = 2;
@@ -1338,8 +1339,9 @@ pub async fn job_claimed_beyond_its_cap_is_dead_lettered_without_running<F: Fixt
     assert_eq!(letters[0].envelope.id(), &id);
     assert_eq!(letters[0].attempts, CAP + 1, "every claim counted");
     assert!(
-        letters[0].error.contains("claimed"),
-        "the error says it was claimed too many times: {:?}",
+        letters[0].error.contains(&format!("delivery {} ", CAP + 1))
+            && letters[0].error.contains(&format!("max_attempts({CAP})")),
+        "the error names the delivery past the cap, and the cap: {:?}",
         letters[0].error
     );
     assert_eq!(letters[0].origin, Q);
@@ -2325,5 +2327,95 @@ pub async fn dead_letter_reports_attempts_spent<F: Fixture>(fixture: F) {
         "the reader's first delivery of the dead letter sees the attempts spent; records {:?}",
         app.records()
     );
+    app.stop().await;
+}
+
+/// A mount without a cap never hot-loops (DESIGN 9): a job that always fails there waits at
+/// least [`UNCAPPED_FLOOR`](crate::UNCAPPED_FLOOR) after each failed attempt (1 s after the
+/// first, 2 s after the second, ...), whether the mount declares no backoff (`Err` returned)
+/// or the handler asks for a shorter `retry_after`. On the paused clock the floor is exact (not
+/// run again 1 ms before it, run at it); live, each job is delivered at most twice in 1.5 s.
+pub async fn uncapped_mount_retries_no_faster_than_the_floor<F: Fixture>(fixture: F) {
+    use crate::Backoff;
+    const Q: &str = "cf_uncapped";
+    const Q_AFTER: &str = "cf_uncapped_after";
+    let probe = Probe::new();
+    let broker = fixture.broker().await;
+    let app = start(
+        &fixture,
+        service(&probe).with_broker(broker, |b| {
+            b.include(Subscriber::new(Q, fails_with_source).name("fails_with_source"));
+            b.include(Subscriber::new(Q_AFTER, retries_after_always).name("retries_after_always"));
+        }),
+    )
+    .await;
+    app.publish(job(Q, 1)).await.expect("publish");
+    app.publish(job(Q_AFTER, 2)).await.expect("publish");
+    app.drain().await;
+    let floor = |attempt: u32| crate::UNCAPPED_FLOOR.delay(attempt);
+    let ms = Duration::from_millis;
+    for n in [1, 2] {
+        assert_eq!(
+            probe.attempts_of(n),
+            [Some(1)],
+            "job {n} is not retried at once: {:?}",
+            app.records()
+        );
+    }
+    if fixture.paused() {
+        app.advance(floor(1) - ms(1)).await;
+        for n in [1, 2] {
+            assert_eq!(probe.attempts_of(n), [Some(1)], "job {n}: not before 1 s");
+        }
+        app.advance(ms(1)).await;
+        for n in [1, 2] {
+            assert_eq!(probe.attempts_of(n), [Some(1), Some(2)], "job {n}: at 1 s");
+        }
+        app.advance(floor(2) - ms(1)).await;
+        for n in [1, 2] {
+            assert_eq!(
+                probe.attempts_of(n),
+                [Some(1), Some(2)],
+                "job {n}: not before 2 s more"
+            );
+        }
+        app.advance(ms(1)).await;
+        for n in [1, 2] {
+            assert_eq!(
+                probe.attempts_of(n),
+                [Some(1), Some(2), Some(3)],
+                "job {n}: at 2 s more"
+            );
+        }
+    } else {
+        app.advance(ms(1500)).await;
+        for n in [1, 2] {
+            let runs = probe.attempts_of(n).len();
+            assert!(
+                (1..=2).contains(&runs),
+                "job {n} delivered {runs} times in 1.5 s on a mount without a cap: {:?}",
+                probe.attempts_of(n)
+            );
+        }
+    }
+    for subscriber in ["fails_with_source", "retries_after_always"] {
+        let got = outcomes(&app, subscriber);
+        assert!(!got.is_empty(), "{subscriber} ran");
+        for (attempt, outcome) in &got {
+            assert!(
+                matches!(outcome, Outcome::Retried { delay, .. } if *delay == floor(*attempt)),
+                "{subscriber}: failed attempt {attempt} waits the floor {:?}: {got:?}",
+                floor(*attempt)
+            );
+        }
+    }
+    for q in [Q, Q_AFTER] {
+        let stats = app.stats(q).await;
+        assert_eq!(
+            (stats.ready, stats.delayed),
+            (0, 1),
+            "`{q}`: the job waits, delayed, and is not lost: {stats:?}"
+        );
+    }
     app.stop().await;
 }

@@ -28,7 +28,7 @@
 //! | outcome | what happens |
 //! |---|---|
 //! | `ack()` | the job is done and leaves the queue |
-//! | `retry()` | a failed attempt: the job comes back after the mount's backoff (none declared: at once) |
+//! | `retry()` | a failed attempt: the job comes back after the mount's backoff (none declared: at once; a mount without a cap waits at least [`UNCAPPED_FLOOR`]) |
 //! | `retry_after(d)` | a failed attempt: the job comes back no earlier than now + d, durably |
 //! | `drop()` | done without success: leaves the queue as `ack` does, logged; no dead letter |
 //! | `Err(e)` returned | a failed attempt, like `retry()`, with `e` (and its source chain) kept as the error |
@@ -37,6 +37,9 @@
 //!
 //! A failed attempt that reaches `max_attempts` is not retried: the job moves to its dead
 //! letter with everything it had plus the error, traceback, attempts and the time it failed.
+//! A mount without `max_attempts` never retries faster than [`UNCAPPED_FLOOR`] (1 s doubling
+//! to 60 s), whatever its backoff or the handler's `retry_after` asked: a job that always fails
+//! there costs a delivery a minute, not thousands a second.
 //!
 //! ## No silent stop
 //!
@@ -77,7 +80,7 @@ pub mod memory;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate};
+pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate, UNCAPPED_FLOOR};
 pub use broker::{
     Broker, BrokerError, DeadLetter, DeadSelector, Publish, Published, QueueStats, ReplayReport,
 };
@@ -92,6 +95,7 @@ pub use mount::{
     DEFAULT_CONCURRENCY, Mount, OnDecodeError, RouteBuilder, Set, Undeclared, Unset, steps,
 };
 pub use outcome::{BoxError, Failure, FailureCause, HandlerOutcome, IntoOutcome};
+pub use panic::{TRACEBACK_MAX_BYTES, TRACEBACK_MAX_FRAMES};
 pub use schedule::{CronExpr, Missed, Schedule};
 pub use service::{AppInfo, Running, Service, ServiceError};
 /// `#[derive(Inbox)]`: describes a job table for the SQL backend (the trait of the same name).

@@ -143,11 +143,14 @@ impl MemoryBroker {
                 break;
             }
             let mut stored = entry.remove();
+            // The counter saturates at MAX_ATTEMPT, as on every backend; a dead letter's
+            // reader sees the attempts it spent on its first delivery.
             let attempt = if std::mem::take(&mut stored.unread_dead) {
                 stored.envelope.attempt().max(1)
             } else {
-                stored.envelope.attempt() + 1
-            };
+                stored.envelope.attempt().saturating_add(1)
+            }
+            .min(crate::broker::MAX_ATTEMPT);
             stored.envelope = stored.envelope.clone().with_attempt(attempt);
             *seq += 1;
             let token = *seq;

@@ -1,5 +1,6 @@
 //! What a dashboard and an alert need: metrics through the `metrics` facade, sampled queue
-//! gauges, and the dead-letter alert (a dead letter that went from empty to not empty).
+//! gauges, and the dead-letter alert (a dead letter that went from empty to not empty), paged
+//! by one worker per incident however many workers see it.
 //!
 //! | metric | kind | labels |
 //! |---|---|---|
@@ -27,7 +28,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, watch};
 
-use crate::broker::Settlement;
+use crate::broker::{DeadSelector, Settlement};
 use crate::runtime::ErasedRoute;
 
 /// A dead letter that went from empty to not empty: every entry there is a job that needs a
@@ -51,7 +52,7 @@ type Watched = (
     HashMap<String, Vec<String>>,
 );
 
-/// The alert hook: called once per transition from empty to not empty.
+/// The alert hook: called once per transition from empty to not empty, by one worker.
 pub(crate) type AlertHook = Arc<dyn Fn(&DeadLetterAlert) + Send + Sync>;
 
 /// Counts one settled delivery.
@@ -78,9 +79,61 @@ pub(crate) fn handler_duration(queue: &str, kind: &str, d: Duration) {
         .record(d.as_secs_f64());
 }
 
+/// How long a page lock is held: the same incident is not paged again within it.
+const PAGE_LOCK_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Who pages for a dead letter seen going from empty to not empty.
+enum Page {
+    /// This monitor took the incident's page lock: it pages.
+    Mine,
+    /// Another monitor (another worker) took it first: it has paged.
+    Taken,
+    /// The backend could not tell (an error listing or locking, or a listing that shows no
+    /// entry to name the incident by): this monitor pages, rather than risk nobody paging.
+    FailOpen,
+}
+
+/// Decides, across every worker of the backend, which monitor pages for the incident that made
+/// `dead` non-empty. The incident is named by its first dead letter (the oldest entry: the one
+/// that made it non-empty), and the monitor that takes the broker lock
+/// `dead-alert:<dead>:<oldest id>:<its failed_at>` pages; every other monitor that saw the same
+/// transition finds the lock taken. A failure of the backend fails open: this monitor pages.
+async fn claim_page(route: &dyn ErasedRoute, dead: &str, token: &str) -> Page {
+    let oldest = match route
+        .dead_letters(dead, &DeadSelector::All, usize::MAX)
+        .await
+    {
+        Ok(letters) => match letters.last() {
+            Some(d) => d.clone(),
+            None => {
+                tracing::warn!(dead_letter = %dead, "the dead letter lists no entry to name the incident by (emptied again, or its entries unreadable): paging from this worker");
+                return Page::FailOpen;
+            }
+        },
+        Err(e) => {
+            tracing::warn!(dead_letter = %dead, error = %e, "could not list the dead letter to tell whether another worker pages for it: paging from this worker");
+            return Page::FailOpen;
+        }
+    };
+    let key = format!(
+        "dead-alert:{dead}:{}:{}",
+        oldest.id,
+        oldest.failed_at.timestamp_micros()
+    );
+    match route.try_lock(&key, token, PAGE_LOCK_TTL).await {
+        Ok(true) => Page::Mine,
+        Ok(false) => Page::Taken,
+        Err(e) => {
+            tracing::warn!(dead_letter = %dead, error = %e, "could not take the dead letter's page lock to tell whether another worker pages for it: paging from this worker");
+            Page::FailOpen
+        }
+    }
+}
+
 /// Samples the gauges of every queue and dead letter of the service every `every`, and at once
 /// when a job is dead-lettered; calls the alert hook (and logs at error level) when a dead
-/// letter goes from empty to not empty.
+/// letter goes from empty to not empty, once across every worker of the backend (see
+/// [`claim_page`]).
 pub(crate) async fn run(
     routes: Vec<Arc<dyn ErasedRoute>>,
     every: Duration,
@@ -109,6 +162,8 @@ pub(crate) async fn run(
         watched.push((r, queues, dead));
     }
     let mut last: HashMap<String, u64> = HashMap::new();
+    // This monitor's name as the owner of the page locks it takes.
+    let token = format!("monitor-{}", uuid::Uuid::now_v7().simple());
     loop {
         for (route, queues, dead) in &watched {
             for q in queues {
@@ -135,14 +190,23 @@ pub(crate) async fn run(
                         length: len,
                         at: Utc::now(),
                     };
-                    tracing::error!(
-                        dead_letter = %alert.dead_letter,
-                        queues = ?alert.queues,
-                        length = alert.length,
-                        "a dead letter went from empty to {len}: every entry there is a job that needs a person"
-                    );
-                    if let Some(h) = &hook {
-                        h(&alert);
+                    match claim_page(route.as_ref(), d, &token).await {
+                        Page::Mine | Page::FailOpen => {
+                            tracing::error!(
+                                dead_letter = %alert.dead_letter,
+                                queues = ?alert.queues,
+                                length = alert.length,
+                                "a dead letter went from empty to {len}: every entry there is a job that needs a person"
+                            );
+                            if let Some(h) = &hook {
+                                h(&alert);
+                            }
+                        }
+                        Page::Taken => tracing::info!(
+                            dead_letter = %alert.dead_letter,
+                            length = alert.length,
+                            "a dead letter went from empty to {len}: another worker has paged for it"
+                        ),
                     }
                 }
             }

@@ -147,7 +147,13 @@ impl<'r, B, C, D, P, N, E> Mount<'r, B, C, D, P, N, E> {
 
     /// Deliveries of a job, the first included: the failure of the last one moves the job to
     /// the dead letter. Declared together with [`dead_letter`](Self::dead_letter). A cap of 0
-    /// cannot be written: `nonzero!(0u32)` does not compile.
+    /// cannot be written: `nonzero!(0u32)` does not compile; a cap above
+    /// [`MAX_ATTEMPT`](crate::broker::MAX_ATTEMPT) (32,767, where every backend's attempt
+    /// counter stops) could never be reached, and the service refuses to start with it.
+    ///
+    /// A mount without a cap retries a failing job forever, so its retries never come faster
+    /// than [`UNCAPPED_FLOOR`](crate::UNCAPPED_FLOOR) (1 s, doubling to 60 s), whatever its
+    /// [`backoff`](Self::backoff) or the handler's `retry_after` asks.
     pub fn max_attempts(mut self, n: NonZeroU32) -> Mount<'r, B, Set, D, P, N, E>
     where
         C: Undeclared<steps::MaxAttempts>,
@@ -169,7 +175,9 @@ impl<'r, B, C, D, P, N, E> Mount<'r, B, C, D, P, N, E> {
 
     /// How long a failed attempt waits before the next: [`Immediate`] (the default),
     /// [`Fixed`](crate::Fixed), [`Exponential`](crate::Exponential),
-    /// [`FullJitter`](crate::FullJitter). `retry_after(d)` from a handler overrides it.
+    /// [`FullJitter`](crate::FullJitter). `retry_after(d)` from a handler overrides it. On a
+    /// mount without [`max_attempts`](Self::max_attempts) either is raised to at least
+    /// [`UNCAPPED_FLOOR`](crate::UNCAPPED_FLOOR) for that attempt.
     pub fn backoff(mut self, policy: impl Backoff) -> Mount<'r, B, C, D, Set, N, E>
     where
         P: Undeclared<steps::Backoff>,

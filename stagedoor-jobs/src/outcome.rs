@@ -82,7 +82,8 @@ pub enum FailureCause {
     Decode,
     /// An extractor refused the delivery.
     Extract,
-    /// The job was claimed more times than the mount's cap: a worker died while running it.
+    /// The job was delivered past the mount's cap (workers died during its earlier deliveries,
+    /// the cap was lowered, or its stored attempt count was edited): dead-lettered unrun.
     Poison,
     /// No handler is mounted for the job's kind on its queue.
     UnknownKind,

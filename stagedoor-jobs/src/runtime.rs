@@ -550,10 +550,7 @@ impl<B: Broker> Worker<B> {
             {
                     let failure = Failure::new(
                         FailureCause::Poison,
-                        format!(
-                            "claimed {} times, more than max_attempts({cap}): a worker died while running it, so it is dead-lettered without running again",
-                            env.attempt()
-                        ),
+                        poison_message(env.attempt(), cap.get()),
                         String::new(),
                     );
                     tracing::error!(dead_letter = %target, "{}", failure.error);
@@ -659,7 +656,9 @@ impl<B: Broker> Worker<B> {
                 }
             }
             _ => {
-                let delay = after.unwrap_or_else(|| spec.backoff.delay(env.attempt()));
+                let asked = after.unwrap_or_else(|| spec.backoff.delay(env.attempt()));
+                let delay =
+                    crate::backoff::retry_delay(spec.max_attempts.is_some(), asked, env.attempt());
                 tracing::warn!(error = %failure.error, cause = %failure.cause, "attempt {} failed: retry in {delay:?}", env.attempt());
                 Settlement::Retry { delay, failure }
             }
@@ -715,5 +714,37 @@ impl<B: Broker> Worker<B> {
                 }
             }
         }
+    }
+}
+
+/// The error of a delivery claimed beyond its mount's cap, dead-lettered without running. The
+/// runtime cannot tell why the count is past the cap, so it names every cause that leads there.
+fn poison_message(attempt: u32, cap: u32) -> String {
+    format!(
+        "this is delivery {attempt} of the job, past max_attempts({cap}), so it is dead-lettered without running again. \
+         Possible causes: a worker died or lost its lease during its earlier deliveries (each claim spends an attempt), \
+         the cap was lowered after those deliveries (a deploy), or the stored attempt count was edited. \
+         Replay it once the cause is fixed (a replay resets its attempts)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::poison_message;
+
+    #[test]
+    fn the_poison_message_names_the_delivery_the_cap_and_every_cause() {
+        let m = poison_message(40, 3);
+        for part in [
+            "delivery 40 ",
+            "max_attempts(3)",
+            "a worker died",
+            "cap was lowered",
+            "stored attempt count was edited",
+            "Replay",
+        ] {
+            assert!(m.contains(part), "{part:?} missing from {m:?}");
+        }
+        assert!(!m.contains("a worker died while running it"), "{m}");
     }
 }

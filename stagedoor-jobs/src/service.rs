@@ -10,7 +10,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::broker::{Broker, BrokerError, Problem};
+use crate::backoff::{Backoff, UNCAPPED_FLOOR};
+use crate::broker::{Broker, BrokerError, MAX_ATTEMPT, Problem};
 use crate::clock::Clock;
 use crate::envelope::Job;
 use crate::extract::State;
@@ -200,6 +201,15 @@ impl Service {
     /// Calls `hook` when a dead letter of this service goes from empty to not empty (an error
     /// is logged either way): wire it to your pager. Seen at once when this worker
     /// dead-letters a job, and within the metrics interval otherwise.
+    ///
+    /// One incident pages once, however many workers run the service: every worker's monitor
+    /// sees the transition, and only the one that takes the broker lock
+    /// `dead-alert:<dead letter>:<id of its oldest entry>:<its failed_at>` (24 h) calls its hook
+    /// and logs the ERROR; the others log at INFO that another worker paged. The lock lives on
+    /// the backend (Redis `SET NX`, an SQL row, the memory broker), so workers need no other
+    /// coordination. If the backend cannot answer (listing the dead letter or taking the lock
+    /// fails), the monitor pages anyway: it fails open, so an incident may then page twice but
+    /// is never missed. Emptied (purged or replayed) and filled again, it pages again.
     pub fn on_dead_letter(
         mut self,
         hook: impl Fn(&DeadLetterAlert) + Send + Sync + 'static,
@@ -269,6 +279,13 @@ impl Service {
                         "dead_letter(\"{d}\") is declared without max_attempts, so nothing would ever reach it: add `.max_attempts(nonzero!(5u32))`"
                     )),
                     _ => {}
+                }
+                if let Some(n) = m.max_attempts
+                    && n.get() > MAX_ATTEMPT
+                {
+                    add(format!(
+                        "max_attempts({n}) can never be reached: every backend's attempt counter stops at {MAX_ATTEMPT} (stagedoor_jobs::broker::MAX_ATTEMPT), so a failing job would be retried forever: declare a cap of at most {MAX_ATTEMPT}, such as `.max_attempts(nonzero!(25u32))`"
+                    ));
                 }
                 if m.dead_letter.as_deref() == Some(m.queue.as_str()) {
                     add(format!(
@@ -355,7 +372,9 @@ impl Service {
                     tracing::warn!(
                         subscriber = %m.subscriber,
                         queue = %m.queue,
-                        "no max_attempts on this mount: a job that always fails is retried forever; declare `.max_attempts(..)` with a `.dead_letter(..)`"
+                        "no max_attempts on this mount: a job that always fails is retried forever, at least {:?} apart (doubling to {:?}: UNCAPPED_FLOOR); declare `.max_attempts(..)` with a `.dead_letter(..)`",
+                        UNCAPPED_FLOOR.delay(1),
+                        UNCAPPED_FLOOR.delay(u32::MAX)
                     );
                 }
             }
