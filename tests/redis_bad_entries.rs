@@ -532,6 +532,65 @@ async fn the_attempt_counter_stops_at_the_ceiling(on: On) {
     assert_eq!(field(&fields, "attempts"), MAX_ATTEMPT.to_string());
 }
 
+/// One id per job: an entry added without a `job_id` field is delivered with its entry id as
+/// its job id, the same id on its retry (a new entry) and in its dead letter.
+async fn an_entry_without_a_job_id_keeps_one_id(on: On) {
+    use stagedoor_jobs::broker::{Broker, Settled, Settlement};
+    use stagedoor_jobs::{Failure, FailureCause};
+
+    let fx = Fx::new(on).await;
+    fx.create_group().await;
+    let entry = fx
+        .xadd(&[(b"kind", KIND.as_bytes()), (b"payload", b"{}".as_slice())])
+        .await;
+    let broker = fx.broker();
+    broker.connect().await.expect("connect");
+    broker.prepare(QUEUE).await.expect("prepare");
+    let mut seen = Vec::new();
+    for n in 0..2 {
+        let got = broker
+            .claim(QUEUE, 1, Duration::from_secs(2))
+            .await
+            .expect("claim");
+        assert_eq!(got.len(), 1, "the entry is delivered");
+        seen.push(got[0].envelope.id().to_string());
+        let failure = Failure::new(FailureCause::Error, "fails", "");
+        let settlement = if n == 0 {
+            Settlement::Retry {
+                delay: Duration::ZERO,
+                failure,
+            }
+        } else {
+            Settlement::DeadLetter {
+                target: DEAD.to_owned(),
+                failure,
+            }
+        };
+        let settled = broker
+            .settle(QUEUE, &got[0], settlement)
+            .await
+            .expect("settle");
+        assert_eq!(settled, Settled::Done);
+    }
+    assert_eq!(seen, [entry.clone(), entry.clone()], "the entry id, twice");
+    let dead = broker
+        .dead_letters(DEAD, &stagedoor_jobs::broker::DeadSelector::All, 10)
+        .await
+        .expect("dead letters");
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].envelope.id().as_str(), entry, "{dead:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_an_entry_without_a_job_id_keeps_one_id() {
+    an_entry_without_a_job_id_keeps_one_id(On::Standalone).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_an_entry_without_a_job_id_keeps_one_id() {
+    an_entry_without_a_job_id_keeps_one_id(On::Cluster).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_the_attempt_counter_stops_at_the_ceiling() {
     the_attempt_counter_stops_at_the_ceiling(On::Standalone).await;

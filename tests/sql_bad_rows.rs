@@ -289,6 +289,29 @@ async fn ceiling(attempt_type: &str, capped: bool) {
         )
         .await;
     } else {
+        eventually("the row at the ceiling ran once", PATIENCE, || async {
+            !probe.attempts_of(Q, 0).is_empty()
+        })
+        .await;
+        // Uncapped, its retry waits the floor (60 s at this attempt), not the mount's 20 ms:
+        // check that, then make it due to see its next delivery.
+        eventually(
+            "the retry of the row at the ceiling waits the uncapped floor",
+            PATIENCE,
+            || async {
+                count(
+                    &db,
+                    &format!("SELECT COUNT(*) FROM bad_jobs WHERE id = {BAD_ROW} AND locked_until IS NULL AND retry_after > now() + interval '50 seconds'"),
+                )
+                .await
+                    == 1
+            },
+        )
+        .await;
+        db.run(format!(
+            "UPDATE bad_jobs SET retry_after = now() WHERE id = {BAD_ROW}"
+        ))
+        .await;
         eventually("the row at the ceiling ran twice", PATIENCE, || async {
             probe.attempts_of(Q, 0).len() >= 2
         })

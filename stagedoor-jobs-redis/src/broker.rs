@@ -574,6 +574,13 @@ impl RedisBroker {
         fields: Fields,
         deliveries: u64,
     ) -> Result<Option<Delivery<RedisReceipt>>, BrokerError> {
+        // An entry without a `job_id` (added by hand) takes its entry id as its job id: the
+        // delivery, its retry (a new entry), its dead letter and the CLI all show that one id.
+        let fields = if entry::text(&fields, "job_id").is_some_and(|j| !j.is_empty()) {
+            fields
+        } else {
+            entry::with(&fields, "job_id", id.clone())
+        };
         let dead_stream = Keys::is_dead(&keys.name);
         let decoded = entry::attempts(&fields).and_then(|spent| {
             let attempt = entry::attempt_of(spent, deliveries, dead_stream);

@@ -13,8 +13,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Database, Row as _};
 use stagedoor_jobs::broker::{
     Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MAX_ATTEMPT, MountInfo, Problem,
-    Published,
-    QueueStats, ReplayReport, Settled, Settlement,
+    Published, QueueStats, ReplayReport, Settled, Settlement,
 };
 use stagedoor_jobs::inbox::{ColumnType, Table, is_plain_identifier};
 use stagedoor_jobs::{Clock, Envelope, Failure, FailureCause, Inbox, Job, JobId};
