@@ -311,22 +311,7 @@ async fn publish_in_returns_the_row_id_postgres() {
     assert!(a.is_stored() && b.is_stored());
 }
 
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn sqlite() {
-                    super::$name::<crate::common::Lite>().await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn postgres() {
-                    super::$name::<crate::common::Pg>().await;
-                }
-            }
-        )*
-    };
-}
+use common::on_both;
 
 on_both!(
     generated_id_without_headers,

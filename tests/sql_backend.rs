@@ -543,24 +543,7 @@ async fn count<D: Db>(db: &D, sql: &str) -> i64 {
     db.rows(sql.to_owned()).await[0][0].int()
 }
 
-/// Generates, for each generic test `name::<D: Db>()`, a module `name` with a `sqlite` and a
-/// `postgres` test.
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn sqlite() {
-                    super::$name::<crate::common::Lite>().await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn postgres() {
-                    super::$name::<crate::common::Pg>().await;
-                }
-            }
-        )*
-    };
-}
+use common::on_both;
 
 on_both!(
     table_dead_letter_moves_the_row_to_the_dead_table,

@@ -217,24 +217,7 @@ fn assert_claims_never_failed(app: &TestApp) {
     }
 }
 
-/// Generates, for each generic test `name::<D: Db>()`, a module with a `sqlite` and a
-/// `postgres` test.
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn sqlite() {
-                    super::$name::<crate::common::Lite>().await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn postgres() {
-                    super::$name::<crate::common::Pg>().await;
-                }
-            }
-        )*
-    };
-}
+use common::on_both;
 
 on_both!(
     the_counter_saturates_and_a_count_below_one_is_a_first_delivery,

@@ -525,24 +525,7 @@ async fn postgres_timestamp_without_time_zone_is_refused() {
     );
 }
 
-/// Generates, for each generic test `name::<D: Db>()`, a module `name` with a `sqlite` and a
-/// `postgres` test.
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn sqlite() {
-                    super::$name::<crate::common::Lite>().await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn postgres() {
-                    super::$name::<crate::common::Pg>().await;
-                }
-            }
-        )*
-    };
-}
+use common::on_both;
 
 on_both!(
     payload_text_for_bytes_is_refused,

@@ -361,22 +361,7 @@ async fn a_job_that_kills_its_workers_is_dead_lettered_after_its_cap<D: Db>() {
     );
 }
 
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn sqlite() {
-                    super::$name::<crate::common::Lite>().await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn postgres() {
-                    super::$name::<crate::common::Pg>().await;
-                }
-            }
-        )*
-    };
-}
+use common::on_both;
 
 on_both!(
     a_worker_killed_inside_a_handler_loses_nothing,

@@ -561,3 +561,25 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Runs each named test, a generic `async fn name<D: Db>()`, on SQLite and on Postgres:
+/// `on_both!(a, b)` makes `a::sqlite`, `a::postgres`, `b::sqlite`, `b::postgres`.
+#[allow(unused_macros)]
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn sqlite() {
+                    super::$name::<crate::common::Lite>().await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn postgres() {
+                    super::$name::<crate::common::Pg>().await;
+                }
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both;
