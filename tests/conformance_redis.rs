@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use stagedoor_jobs::broker::Broker;
 use stagedoor_jobs::conformance::Fixture;
 use stagedoor_jobs_redis::RedisBroker;
 
@@ -42,6 +43,34 @@ fn configure(b: RedisBroker, lease: Option<Duration>) -> RedisBroker {
     }
 }
 
+/// Adds to `queue` an entry as a hand edit leaves it: its `attempts` field is not a number.
+/// The consumer group is created first (from the stream's start), so the entry is delivered.
+async fn store_unreadable<C: redis::aio::ConnectionLike>(
+    broker: &RedisBroker,
+    mut conn: C,
+    queue: &str,
+) -> Option<String> {
+    broker
+        .prepare(queue)
+        .await
+        .expect("create the consumer group");
+    let _: String = redis::cmd("XADD")
+        .arg(broker.stream_key(queue))
+        .arg("*")
+        .arg("kind")
+        .arg("cf")
+        .arg("job_id")
+        .arg("unreadable-1")
+        .arg("payload")
+        .arg("{\"n\":0}")
+        .arg("attempts")
+        .arg("abc")
+        .query_async(&mut conn)
+        .await
+        .expect("add the unreadable entry");
+    Some("attempts".to_owned())
+}
+
 struct Standalone;
 
 impl Fixture for Standalone {
@@ -54,6 +83,14 @@ impl Fixture for Standalone {
     }
     fn paused(&self) -> bool {
         false
+    }
+    async fn store_unreadable_job(&self, broker: &RedisBroker, queue: &str) -> Option<String> {
+        let client = redis::Client::open(url("REDIS_URL")).expect("a Redis URL");
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to Redis");
+        store_unreadable(broker, conn, queue).await
     }
 }
 
@@ -81,6 +118,14 @@ mod cluster {
         }
         fn paused(&self) -> bool {
             false
+        }
+        async fn store_unreadable_job(&self, broker: &RedisBroker, queue: &str) -> Option<String> {
+            let client = redis::cluster::ClusterClient::new(urls()).expect("cluster URLs");
+            let conn = client
+                .get_async_connection()
+                .await
+                .expect("connect to the cluster");
+            store_unreadable(broker, conn, queue).await
         }
     }
 

@@ -349,6 +349,12 @@ impl RedisBroker {
         self
     }
 
+    /// The key of `queue`'s stream (`{<namespace><queue>}`; `{jobs}:dead` for the dead stream
+    /// `jobs:dead`): what to give `redis-cli XRANGE` or `XADD` to look at or add entries by hand.
+    pub fn stream_key(&self, queue: &str) -> String {
+        self.keys(queue).stream
+    }
+
     fn conn(&self) -> Result<Conn, BrokerError> {
         self.inner
             .conn
