@@ -777,7 +777,8 @@ async fn sqlite_unreadable_rows_never_fail_stats_listings_or_the_cli() {
     let (_, listed, _) = cli(&url, &["--json", "dead", "list", Q]);
     assert!(listed.contains("retry_after"), "{listed}");
 
-    // A worker: the good row runs, the '' row is dead-lettered alone, 'soon' waits.
+    // A worker: the good row runs; the '' row (claimed as due) and the 'soon' row (which would
+    // never be due: it sorts after every timestamp) are each dead-lettered alone.
     let probe = Arc::new(Probe::default());
     let app = start(service(&probe).with_broker(route.clone(), |b| {
         b.include(Subscriber::new(Q, work).name("work"))
@@ -786,16 +787,38 @@ async fn sqlite_unreadable_rows_never_fail_stats_listings_or_the_cli() {
     }))
     .await;
     eventually(
-        "the good row ran and the '' row moved",
+        "the good row ran and the '' and 'soon' rows moved",
         PATIENCE,
         || async {
-            probe.attempts_of(Q, 3) == [1] && route.dead_len("jobs.dead").await.expect("len") == 3
+            probe.attempts_of(Q, 3) == [1] && route.dead_len("jobs.dead").await.expect("len") == 4
         },
     )
     .await;
     assert_claims_never_failed(&app);
     app.stop().await;
     assert!(probe.attempts_of(Q, 1).is_empty(), "the '' row never ran");
+    assert!(
+        probe.attempts_of(Q, 2).is_empty(),
+        "the 'soon' row never ran"
+    );
+    let letters = route
+        .dead_letters("jobs.dead", &DeadSelector::All, 10)
+        .await
+        .expect("dead letters");
+    let soon: Vec<_> = letters
+        .iter()
+        .filter(|d| d.error.contains("cannot be read") && d.error.contains("'soon'"))
+        .collect();
+    assert_eq!(
+        soon.len(),
+        2,
+        "the 'soon' row moved, naming its value, next to the 'soon' dead letter: {letters:#?}"
+    );
+    assert_eq!(
+        route.stats(Q).await.expect("stats").delayed,
+        0,
+        "nothing waits forever"
+    );
     let (code, stdout, stderr) = cli(&url, &["queues"]);
     assert_eq!(code, 0, "{stdout}\n{stderr}");
 }

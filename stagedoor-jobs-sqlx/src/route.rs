@@ -1278,6 +1278,13 @@ macro_rules! impl_broker {
                             Plan::From(_) => self.inner.floors.after_bounded(queue, earliest),
                         }
                     }
+                    // Nothing due: on SQLite, look for rows whose `retry_after` is no timestamp
+                    // and would wait forever (see `Statements::claim_strays`).
+                    let rows = if rows.is_empty() && !Statements::lacks(&stmts.claim_strays) {
+                        self.fetch(&stmts, &stmts.claim_strays, &v).await?
+                    } else {
+                        rows
+                    };
                     if !rows.is_empty() {
                         let mut out = Vec::with_capacity(rows.len());
                         for mut r in rows {

@@ -127,6 +127,11 @@ pub(crate) struct Statements {
     /// deleted and per updated row, and an unbounded claim visits each of them, every time.
     /// Empty for a table without a `retry_after` column and for FIFO tables.
     pub(crate) claim_from: Stmt,
+    /// SQLite only (a table with `retry_after`): claims the rows whose `retry_after` sorts after
+    /// every timestamp (a text such as `'soon'`, a blob), which the claim would never reach, so
+    /// that they are read, found unreadable and dead-lettered alone. Run when a claim came back
+    /// empty. Empty elsewhere (Postgres types the column).
+    pub(crate) claim_strays: Stmt,
     /// [`Statements::next_due`] bounded the same way.
     pub(crate) next_due_from: Stmt,
     pub(crate) renew: Stmt,
@@ -254,7 +259,7 @@ impl Statements {
         // run skipping the rows the last one locked, so that the claim leases far more than `n`
         // rows (seen with statistics that say the table is nearly empty: a worked-off queue
         // after ANALYZE). SQLite has one writer and computes the CTE once, before the update.
-        let build_claim = |floor: bool| {
+        let build_claim = |floor: bool, strays: bool| {
             let mut claim = Stmt::default();
             let lease = claim.p(P::NewLease);
             let g = claim.p(P::Group);
@@ -266,7 +271,14 @@ impl Statements {
                 cond.push(format!("CAST({g} AS TEXT) IS NOT NULL"));
             }
             if let Some(d) = &due {
-                cond.push(format!("{d} <= {now}"));
+                if strays {
+                    // On SQLite, a text sorting at or after ':' (just after '9') is no
+                    // timestamp (those start with a digit or a sign), nor is a blob: such a
+                    // row would never be due and never read.
+                    cond.push(format!("{d} >= ':'"));
+                } else {
+                    cond.push(format!("{d} <= {now}"));
+                }
                 if floor {
                     let f = claim.p(P::Floor);
                     cond.push(format!("{d} >= {f}"));
@@ -308,10 +320,15 @@ impl Statements {
             );
             claim
         };
-        let claim = build_claim(false);
+        let claim = build_claim(false, false);
         let bounded = flavor == Flavor::Postgres && due.is_some() && !table.fifo;
         let claim_from = if bounded {
-            build_claim(true)
+            build_claim(true, false)
+        } else {
+            Stmt::default()
+        };
+        let claim_strays = if flavor == Flavor::Sqlite && due.is_some() {
+            build_claim(false, true)
         } else {
             Stmt::default()
         };
@@ -572,6 +589,7 @@ impl Statements {
             qualified: t,
             claim,
             claim_from,
+            claim_strays,
             next_due_from,
             renew,
             delete_fenced,
