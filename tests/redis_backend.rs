@@ -18,6 +18,8 @@
 //!
 //! The flows of items 1, 2 and 4 run on the cluster too (`cluster::*`).
 
+mod common_redis;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::process::{Child, Command, Stdio};
@@ -26,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redis::aio::ConnectionLike;
-use redis::{Cmd, Pipeline, RedisFuture, Value, cmd};
+use common_redis::Raw;
+use redis::{Cmd, Value, cmd};
 use serde_json::{Value as Json, json};
 use stagedoor_jobs::broker::Delivery;
 use stagedoor_jobs::prelude::*;
@@ -97,39 +99,6 @@ fn fresh_namespace() -> String {
 enum On {
     Standalone,
     Cluster,
-}
-
-/// A plain connection for inspecting keys.
-#[derive(Clone)]
-enum Raw {
-    Single(redis::aio::MultiplexedConnection),
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-impl ConnectionLike for Raw {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Raw::Single(c) => c.req_packed_command(cmd),
-            Raw::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Raw::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Raw::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-    fn get_db(&self) -> i64 {
-        match self {
-            Raw::Single(c) => c.get_db(),
-            Raw::Cluster(c) => c.get_db(),
-        }
-    }
 }
 
 async fn raw_single(url: &str) -> Raw {

@@ -16,11 +16,13 @@
 //!
 //! A missing variable fails the test (it is never skipped).
 
+mod common_redis;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use redis::aio::ConnectionLike;
-use redis::{Cmd, Pipeline, RedisFuture, Value, cmd};
+use common_redis::Raw;
+use redis::{Cmd, Value, cmd};
 use stagedoor_jobs::broker::MAX_ATTEMPT;
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::testing::{Outcome, TestApp};
@@ -72,39 +74,6 @@ fn fresh_namespace() -> String {
 enum On {
     Standalone,
     Cluster,
-}
-
-/// A plain connection, standalone or cluster.
-#[derive(Clone)]
-enum Raw {
-    Single(redis::aio::MultiplexedConnection),
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-impl ConnectionLike for Raw {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Raw::Single(c) => c.req_packed_command(cmd),
-            Raw::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Raw::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Raw::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-    fn get_db(&self) -> i64 {
-        match self {
-            Raw::Single(c) => c.get_db(),
-            Raw::Cluster(c) => c.get_db(),
-        }
-    }
 }
 
 /// One test's world: where it runs, its namespace, a plain connection.
