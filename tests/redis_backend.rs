@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use common_redis::Raw;
+use common_redis::{Raw, cluster_urls, env_url};
 use redis::{Cmd, Value, cmd};
 use serde_json::{Value as Json, json};
 use stagedoor_jobs::broker::Delivery;
@@ -61,38 +61,8 @@ const SEAT_ERROR: &str = "SeatLabelInvalid: '14-C' is not a row letter and a sea
 // Servers, namespaces, plain Redis
 // ---------------------------------------------------------------------------------------------
 
-fn env_url(var: &str) -> String {
-    match std::env::var(var) {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "{var} is not set: run the tests with `scripts/test-all -- cargo test --workspace --test redis_backend`, which starts Redis and exports it"
-        ),
-    }
-}
-
-fn cluster_urls() -> Vec<String> {
-    env_url("REDIS_CLUSTER_URLS")
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
-/// A namespace no other test (or run) uses.
 fn fresh_namespace() -> String {
-    use std::sync::atomic::AtomicUsize;
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    format!(
-        "rb{}-{}-{}:",
-        std::process::id(),
-        nanos % 1_000_000_000_000,
-        N.fetch_add(1, Ordering::SeqCst)
-    )
+    common_redis::fresh_namespace("rb")
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

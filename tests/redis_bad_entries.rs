@@ -21,7 +21,7 @@ mod common_redis;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common_redis::Raw;
+use common_redis::{Raw, cluster_urls, env_url};
 use redis::{Cmd, Value, cmd};
 use stagedoor_jobs::broker::MAX_ATTEMPT;
 use stagedoor_jobs::prelude::*;
@@ -37,37 +37,8 @@ const LEASE: Duration = Duration::from_millis(400);
 /// The runtime's message for a job claimed beyond its cap because its workers died.
 const WORKER_DIED: &str = "a worker died";
 
-fn env_url(var: &str) -> String {
-    match std::env::var(var) {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "{var} is not set: run the tests with `scripts/test-all -- cargo test --workspace --test redis_bad_entries`, which starts Redis and exports it"
-        ),
-    }
-}
-
-fn cluster_urls() -> Vec<String> {
-    env_url("REDIS_CLUSTER_URLS")
-        .split(',')
-        .map(str::trim)
-        .filter(|u| !u.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
 fn fresh_namespace() -> String {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    format!(
-        "bad{}-{}-{}:",
-        std::process::id(),
-        nanos % 1_000_000_000_000,
-        N.fetch_add(1, Ordering::SeqCst)
-    )
+    common_redis::fresh_namespace("bad")
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -1,5 +1,6 @@
-//! What the Redis test files share: a plain connection, standalone or Cluster, for inspecting
-//! and editing keys by hand next to the broker under test.
+//! What the Redis test files share: the servers' URLs, fresh namespaces, and a plain
+//! connection, standalone or Cluster, for inspecting and editing keys by hand next to the
+//! broker under test.
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
@@ -37,4 +38,40 @@ impl ConnectionLike for Raw {
             Raw::Cluster(c) => c.get_db(),
         }
     }
+}
+
+/// The URL in `var`; a missing one fails the test (it is never skipped).
+pub(crate) fn env_url(var: &str) -> String {
+    match std::env::var(var) {
+        Ok(u) if !u.is_empty() => u,
+        _ => panic!(
+            "{var} is not set: run the tests with `scripts/test-all -- cargo test --workspace --test <name>`, which starts Redis and exports it"
+        ),
+    }
+}
+
+/// The Cluster's masters, from `REDIS_CLUSTER_URLS` (comma-separated).
+pub(crate) fn cluster_urls() -> Vec<String> {
+    env_url("REDIS_CLUSTER_URLS")
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A namespace (`<prefix><pid>-<time>-<n>:`) no other test or run uses.
+pub(crate) fn fresh_namespace(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    format!(
+        "{prefix}{}-{}-{}:",
+        std::process::id(),
+        nanos % 1_000_000_000_000,
+        N.fetch_add(1, Ordering::SeqCst)
+    )
 }
