@@ -552,8 +552,12 @@ impl RedisBroker {
     }
 
     /// The cap of the mount that runs `kind` on `queue` (its own kind's mount, else the one
-    /// for every kind), when that mount has a dead letter.
-    fn cap_for(&self, queue: &str, kind: &str) -> Option<Cap> {
+    /// for every kind), when that mount has a dead letter and `spent` attempts reach it. A
+    /// fresh entry (`spent` 0, the common case) never does: no lock is taken.
+    fn cap_reached(&self, queue: &str, kind: &str, spent: u32) -> Option<Cap> {
+        if spent == 0 {
+            return None;
+        }
         let caps = self
             .inner
             .caps
@@ -564,6 +568,7 @@ impl RedisBroker {
             .iter()
             .find(|c| c.kind.as_deref() == Some(kind))
             .or_else(|| mounts.iter().find(|c| c.kind.is_none()))
+            .filter(|c| spent >= c.max_attempts)
             .cloned()
     }
 
@@ -608,10 +613,7 @@ impl RedisBroker {
         // On a queue's stream, an entry whose field says its mount's cap is spent already
         // never runs; the runtime would say a worker died, which is not what happened.
         // (Not on a dead stream: a dead letter's reader sees the attempts it spent.)
-        if !dead_stream
-            && let Some(cap) = self.cap_for(&keys.name, envelope.kind())
-            && spent >= cap.max_attempts
-        {
+        if !dead_stream && let Some(cap) = self.cap_reached(&keys.name, envelope.kind(), spent) {
             let raw = entry::get(&fields, "attempts").map_or_else(String::new, entry::shown);
             let counted = if raw == spent.to_string() {
                 String::new()
