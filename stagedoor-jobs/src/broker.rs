@@ -30,6 +30,11 @@ use crate::outcome::Failure;
 /// reached and is refused at startup.
 pub const MAX_ATTEMPT: u32 = 32_767;
 
+/// The lease of the backends here unless configured: a claimed job not renewed within it is
+/// claimable again. The runtime renews what it holds every third of it (1 s), so a worker
+/// killed with jobs in hand gives them back within about 3 s.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(3);
+
 /// An error of a broker: the server could not be reached, a statement failed, a stored entry
 /// is malformed.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -52,9 +57,24 @@ pub enum BrokerError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The server refused to store more (Redis at `maxmemory` with `noeviction`). Reading,
+    /// acknowledging and deleting keep working, so a draining worker frees memory; publishing
+    /// waits for room. The message names the limit and the fix.
+    #[error("the server is full: {0}")]
+    Full(String),
     /// Anything else the backend reported.
     #[error("{0}")]
     Backend(String),
+}
+
+impl BrokerError {
+    /// Whether the error is about reaching or using the server (a broken or refused
+    /// connection, a server restarting or full), so that the same call can succeed later
+    /// unchanged; not about the call itself (an unknown queue, a malformed entry, a statement
+    /// the database refuses).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Connection(_) | Self::Full(_))
+    }
 }
 
 /// One claimed job: its envelope (attempt = this delivery's number) and the backend's receipt,
@@ -297,7 +317,10 @@ pub trait Broker: Clone + Send + Sync + 'static {
         wait: Duration,
     ) -> impl Future<Output = Result<Vec<Delivery<Self::Receipt>>, BrokerError>> + Send;
 
-    /// Extends a running delivery's lease. `Ok(false)` when it was already lost.
+    /// Extends a held delivery's lease. `Ok(false)` when it was already lost. The runtime
+    /// renews every delivery it holds every third of the lease, from its claim until it is
+    /// settled: that is the worker's heartbeat, so a worker that dies gives its jobs back
+    /// within a lease while a live one keeps its slow handlers' jobs.
     fn renew(
         &self,
         queue: &str,
@@ -328,6 +351,32 @@ pub trait Broker: Clone + Send + Sync + 'static {
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
     ) -> impl Future<Output = Result<Vec<Published>, BrokerError>> + Send;
+
+    /// Publishes `job` to `queue` and takes `guard` for `ttl`, in one atomic step, unless
+    /// `guard` is held already: then nothing is stored and the result is
+    /// [`Published::already_there`]. The scheduler enqueues each tick this way (the guard
+    /// names the schedule and the tick), so a worker dying at any point enqueues the tick
+    /// either entirely or not at all, and a tick is never enqueued twice within `ttl`.
+    ///
+    /// The default takes the guard with [`try_lock`](Broker::try_lock) and then publishes:
+    /// two steps, so a crash between them loses the tick. Every backend of this project
+    /// overrides it with one atomic step; a broker of your own should too.
+    fn publish_once(
+        &self,
+        queue: &str,
+        job: (Envelope, Option<DateTime<Utc>>),
+        guard: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Published, BrokerError>> + Send {
+        async move {
+            let id = job.0.id().clone();
+            if !self.try_lock(guard, "publish_once", ttl).await? {
+                return Ok(Published::already_there(id));
+            }
+            let mut out = self.publish(queue, vec![job]).await?;
+            Ok(out.pop().unwrap_or(Published::already_there(id)))
+        }
+    }
 
     /// Takes the lock `key` for `ttl` if nobody holds it, recording `token` as the owner
     /// (scheduler ticks). `Ok(true)` when taken.
@@ -396,10 +445,22 @@ pub trait Broker: Clone + Send + Sync + 'static {
     /// handles, a payload that cannot be parsed): `<stream>:dead`, `<group>.dead`.
     fn default_dead_letter(&self, queue: &str) -> String;
 
-    /// How long a claim holds a job; the runtime renews a running delivery every third of it.
+    /// How long a claim holds a job; the runtime renews a held delivery every third of it. The
+    /// backends here default to [`DEFAULT_LEASE`].
     fn lease(&self) -> Duration;
 
-    /// The broker's clock: due times, leases and the scheduler read it.
+    /// The backend's clock now (Redis `TIME`, Postgres `now()`), or `None` for a backend that
+    /// keeps no clock of its own. The runtime measures the broker's [`clock`](Broker::clock)
+    /// against it at start and every [`SYNC_EVERY`](crate::clock::SYNC_EVERY), so that due
+    /// times, leases and ticks follow the backend's clock, not this machine's.
+    fn server_time(
+        &self,
+    ) -> impl Future<Output = Result<Option<DateTime<Utc>>, BrokerError>> + Send {
+        async { Ok(None) }
+    }
+
+    /// The broker's clock: due times, leases and the scheduler read it. A broker keeps one
+    /// clock and returns clones of it (clones share the offset the runtime measures).
     fn clock(&self) -> Clock {
         Clock::system()
     }

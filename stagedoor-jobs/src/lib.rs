@@ -84,7 +84,7 @@ pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate, UNCAPPED_F
 pub use broker::{
     Broker, BrokerError, DeadLetter, DeadSelector, Publish, Published, QueueStats, ReplayReport,
 };
-pub use clock::Clock;
+pub use clock::{Clock, SYNC_EVERY};
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt};
 pub use extract::{Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
 pub use handler::{BoxFuture, Handler, HandlerFn};

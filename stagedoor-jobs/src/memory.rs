@@ -348,31 +348,37 @@ impl Broker for MemoryBroker {
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
     ) -> Result<Vec<Published>, BrokerError> {
         let now = self.now();
-        let mut out = Vec::with_capacity(jobs.len());
-        {
-            let mut mem = self.mem();
-            let Mem { queues, seq, .. } = &mut *mem;
-            let q = queues.entry(queue.to_owned()).or_default();
-            for (envelope, at) in jobs {
-                if !q.ids.insert(envelope.id().clone()) {
-                    crate::broker::log_not_stored(queue, envelope.id());
-                    out.push(Published::already_there(envelope.id().clone()));
-                    continue;
-                }
-                out.push(Published::stored(envelope.id().clone()));
-                *seq += 1;
-                q.waiting.insert(
-                    (at.unwrap_or(now).max(now), *seq),
-                    Stored {
-                        envelope,
-                        dead: None,
-                        unread_dead: false,
-                    },
-                );
-            }
-        }
+        let out = store(&mut self.mem(), queue, jobs, now);
         self.inner.changed.notify_waiters();
         Ok(out)
+    }
+
+    async fn publish_once(
+        &self,
+        queue: &str,
+        job: (Envelope, Option<DateTime<Utc>>),
+        guard: &str,
+        ttl: Duration,
+    ) -> Result<Published, BrokerError> {
+        let now = self.now();
+        let id = job.0.id().clone();
+        let out = {
+            let mut mem = self.mem();
+            if mem.locks.get(guard).is_some_and(|(_, until)| *until > now) {
+                return Ok(Published::already_there(id));
+            }
+            mem.locks.retain(|_, (_, until)| *until > now);
+            mem.locks.insert(
+                guard.to_owned(),
+                (String::new(), now + crate::broker::chrono_duration(ttl)),
+            );
+            store(&mut mem, queue, vec![job], now)
+        };
+        self.inner.changed.notify_waiters();
+        Ok(out
+            .into_iter()
+            .next()
+            .unwrap_or(Published::already_there(id)))
     }
 
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
@@ -544,4 +550,34 @@ impl Broker for MemoryBroker {
     async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
         Self::next_due_locked(&self.mem(), queue)
     }
+}
+
+/// Stores `jobs` in `queue` (each id once), under the broker's lock.
+fn store(
+    mem: &mut Mem,
+    queue: &str,
+    jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
+    now: DateTime<Utc>,
+) -> Vec<Published> {
+    let mut out = Vec::with_capacity(jobs.len());
+    let Mem { queues, seq, .. } = mem;
+    let q = queues.entry(queue.to_owned()).or_default();
+    for (envelope, at) in jobs {
+        if !q.ids.insert(envelope.id().clone()) {
+            crate::broker::log_not_stored(queue, envelope.id());
+            out.push(Published::already_there(envelope.id().clone()));
+            continue;
+        }
+        out.push(Published::stored(envelope.id().clone()));
+        *seq += 1;
+        q.waiting.insert(
+            (at.unwrap_or(now).max(now), *seq),
+            Stored {
+                envelope,
+                dead: None,
+                unread_dead: false,
+            },
+        );
+    }
+    out
 }

@@ -36,6 +36,11 @@ const MAX_BATCH: usize = 64;
 /// more to free up before it claims: settlements finish in bursts, and one claim for many jobs
 /// costs about what a claim for one does.
 const GATHER: Duration = Duration::from_millis(2);
+/// The longest wait between two tries of a settlement that failed on the connection.
+const SETTLE_RETRY_MAX: Duration = Duration::from_secs(1);
+/// The longest wait between two claims that failed: a queue resumes within about this long
+/// of its server answering again.
+const CLAIM_RETRY_MAX: Duration = Duration::from_millis(500);
 
 /// Sees every settled delivery (the test harness records them; metrics will count them).
 pub(crate) trait Observer: Send + Sync + 'static {
@@ -75,14 +80,22 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
         ctx: &'a RunCtx,
     ) -> BoxFuture<'a, Result<Vec<JoinHandle<()>>, BrokerError>>;
     fn publish(&self, job: Job) -> BoxFuture<'_, Result<crate::broker::Published, BrokerError>>;
+    fn publish_once<'a>(
+        &'a self,
+        job: Job,
+        guard: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<crate::broker::Published, BrokerError>>;
+    /// The broker's clock (shared with the broker: a sync moves both).
+    fn clock(&self) -> Clock;
+    /// Measures the broker's clock against the backend's (best of three round trips).
+    fn sync_clock(&self) -> BoxFuture<'_, Result<(), BrokerError>>;
     fn try_lock<'a>(
         &'a self,
         key: &'a str,
         token: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, BrokerError>>;
-    fn unlock<'a>(&'a self, key: &'a str, token: &'a str)
-    -> BoxFuture<'a, Result<(), BrokerError>>;
     fn last_tick<'a>(
         &'a self,
         schedule: &'a str,
@@ -244,6 +257,63 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
     fn publish(&self, job: Job) -> BoxFuture<'_, Result<crate::broker::Published, BrokerError>> {
         Box::pin(crate::broker::Publish::publish_job(&self.broker, job))
     }
+    fn publish_once<'a>(
+        &'a self,
+        job: Job,
+        guard: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<crate::broker::Published, BrokerError>> {
+        Box::pin(async move {
+            let (queue, envelope, at) = job.into_parts(self.broker.clock().now());
+            self.broker
+                .publish_once(&queue, (envelope, at), guard, ttl)
+                .await
+        })
+    }
+    fn clock(&self) -> Clock {
+        self.broker.clock()
+    }
+    fn sync_clock(&self) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let clock = self.broker.clock();
+            if clock.is_manual() {
+                return Ok(());
+            }
+            let mut best: Option<(
+                chrono::Duration,
+                DateTime<Utc>,
+                DateTime<Utc>,
+                DateTime<Utc>,
+            )> = None;
+            for _ in 0..3 {
+                let sent = clock.local();
+                let Some(server) = self.broker.server_time().await? else {
+                    return Ok(());
+                };
+                let received = clock.local();
+                let rtt = received - sent;
+                if best.as_ref().is_none_or(|(r, ..)| rtt < *r) {
+                    best = Some((rtt, sent, server, received));
+                }
+            }
+            if let Some((_, sent, server, received)) = best {
+                let before = clock.offset();
+                clock.sync(sent, server, received);
+                let after = clock.offset();
+                if after.abs() > chrono::Duration::milliseconds(500)
+                    && (after - before).abs() > chrono::Duration::milliseconds(250)
+                {
+                    tracing::warn!(
+                        backend = self.broker.backend(),
+                        offset_ms = after.num_milliseconds(),
+                        "this machine's clock is {} ms off the backend's: due times, leases and schedule ticks follow the backend's clock; fix the machine's time sync (NTP) all the same",
+                        -after.num_milliseconds()
+                    );
+                }
+            }
+            Ok(())
+        })
+    }
     fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>> {
         Box::pin(self.broker.stats(queue))
     }
@@ -257,13 +327,6 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
     }
     fn dead_len<'a>(&'a self, dead: &'a str) -> BoxFuture<'a, Result<u64, BrokerError>> {
         Box::pin(self.broker.dead_len(dead))
-    }
-    fn unlock<'a>(
-        &'a self,
-        key: &'a str,
-        token: &'a str,
-    ) -> BoxFuture<'a, Result<(), BrokerError>> {
-        Box::pin(self.broker.unlock(key, token))
     }
     fn last_tick<'a>(
         &'a self,
@@ -428,9 +491,12 @@ impl<B: Broker> Worker<B> {
                 }
                 Err(e) => {
                     let failures = self.health.claim_failed(&e.to_string());
-                    let wait = Duration::from_millis(100u64.saturating_mul(1 << failures.min(6)))
-                        .min(Duration::from_secs(5));
-                    tracing::warn!(queue = %self.queue.name, error = %e, "claim failed ({failures} in a row); retrying in {wait:?}");
+                    let wait = Duration::from_millis(50u64.saturating_mul(1 << failures.min(6)))
+                        .min(CLAIM_RETRY_MAX);
+                    // The first failure, then one line every 20 (about every 10 s).
+                    if failures == 1 || failures.is_multiple_of(20) {
+                        tracing::warn!(queue = %self.queue.name, error = %e, "claim failed ({failures} in a row); retrying every {CLAIM_RETRY_MAX:?} at most");
+                    }
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = stop.changed() => return,
@@ -681,14 +747,27 @@ impl<B: Broker> Worker<B> {
                 &settlement,
             );
         }
+        // A settlement that fails on a connection error is tried again until it takes effect
+        // or its fence says the lease was lost, renewing the lease between tries: a server
+        // restarting for a few seconds must not make a finished job run again. (Renewals run
+        // between tries, never beside one: a backend that moves its fence on renewal settles
+        // with the fence it last renewed.) The shutdown deadline ends the tries (the task is
+        // aborted); the job is then delivered again after its lease. An error that is not about
+        // the connection is tried 5 times.
+        let every = (self.broker.lease() / 3).max(MIN_RENEW_EVERY);
+        let mut renewed = tokio::time::Instant::now();
         let mut wait = Duration::from_millis(50);
-        for attempt in 1..=5 {
+        let mut failures: u32 = 0;
+        loop {
             match self
                 .broker
                 .settle(&self.queue.name, delivery, settlement.clone())
                 .await
             {
                 Ok(Settled::Done) => {
+                    if failures > 0 {
+                        tracing::info!("settled after {failures} failed tries");
+                    }
                     crate::monitor::count(&self.queue.name, delivery.envelope.kind(), &settlement);
                     if matches!(settlement, Settlement::DeadLetter { .. }) {
                         self.ctx.dead_lettered.notify_one();
@@ -699,18 +778,44 @@ impl<B: Broker> Worker<B> {
                     for o in self.ctx.observers.iter() {
                         o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
                     }
-                    tracing::warn!(
-                        "the lease was lost before settling: the job was reclaimed by another worker, whose outcome stands; nothing changed"
-                    );
+                    if failures > 0 {
+                        tracing::warn!(
+                            "the job was no longer held when its settlement was tried again: either an earlier try took effect before the connection broke (nothing more to do), or its lease ran out meanwhile and another worker took it (its outcome stands)"
+                        );
+                    } else {
+                        tracing::warn!(
+                            "the lease was lost before settling: the job was reclaimed by another worker, whose outcome stands; nothing changed"
+                        );
+                    }
                     return;
                 }
-                Err(e) if attempt < 5 => {
-                    tracing::warn!(error = %e, "could not settle; trying again in {wait:?}");
+                Err(e) if e.is_transient() || failures < 4 => {
+                    failures += 1;
+                    // The first failure, then one line every 10 tries (about every 10 s).
+                    if failures == 1 || failures.is_multiple_of(10) {
+                        tracing::warn!(error = %e, "could not settle ({failures} tries): trying again, the lease renewed meanwhile");
+                    }
                     tokio::time::sleep(wait).await;
-                    wait *= 2;
+                    wait = (wait * 2).min(SETTLE_RETRY_MAX);
+                    if renewed.elapsed() >= every {
+                        match self.broker.renew(&self.queue.name, &delivery.receipt).await {
+                            Ok(true) => renewed = tokio::time::Instant::now(),
+                            Ok(false) => {
+                                for o in self.ctx.observers.iter() {
+                                    o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
+                                }
+                                tracing::warn!(
+                                    "the lease was lost while the settlement waited for the server: another worker may run this job; this outcome is discarded"
+                                );
+                                return;
+                            }
+                            Err(_) => {}
+                        }
+                    }
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, "could not settle: the job will be delivered again after its lease")
+                    tracing::error!(error = %e, "could not settle after {} tries: the job will be delivered again after its lease", failures + 1);
+                    return;
                 }
             }
         }

@@ -339,7 +339,7 @@ impl Schedule {
         self.queue.as_deref().unwrap_or("")
     }
 
-    /// How long a tick's lock is kept: the lock is also the record that the tick was enqueued.
+    /// How long a tick's guard is kept: the record that the tick was enqueued.
     fn lock_ttl(&self) -> Duration {
         match &self.when {
             When::Every(p) => (*p * 2).max(Duration::from_secs(3600)),
@@ -380,26 +380,35 @@ pub(crate) async fn run(
     clock: Clock,
     mut stop: watch::Receiver<bool>,
     progress: Arc<watch::Sender<Progress>>,
-    token: String,
 ) {
-    let start = clock.now();
+    // The time of a schedule is its broker's clock (the backend's, see `Clock::sync`), unless
+    // the test harness moves a manual clock.
+    let now_of = |b: &Bound| {
+        if clock.is_manual() {
+            clock.now()
+        } else {
+            b.route.clock().now()
+        }
+    };
+    let start = bound.first().map_or_else(|| clock.now(), now_of);
     let mut pending: Vec<Pending> = Vec::with_capacity(bound.len());
     for b in &bound {
-        let (missed, next) = catch_up(b, start).await;
+        let (missed, next) = catch_up(b, now_of(b)).await;
         let mut p = Pending {
             next,
             failed: VecDeque::new(),
         };
-        enqueue_due(b, &mut p, missed, &token).await;
+        enqueue_due(b, &mut p, missed).await;
         pending.push(p);
     }
     publish_progress(&progress, start, &pending);
     let mut clock_rx = clock.subscribe();
     loop {
-        let now = clock.now();
-        let soonest = pending.iter().filter_map(|p| p.next).min();
-        let nap = soonest
-            .map(|t| (t - now).to_std().unwrap_or(Duration::ZERO))
+        let nap = bound
+            .iter()
+            .zip(&pending)
+            .filter_map(|(b, p)| p.next.map(|t| (t - now_of(b)).to_std().unwrap_or_default()))
+            .min()
             .unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(1));
         let clock_changed = async {
@@ -417,8 +426,9 @@ pub(crate) async fn run(
             _ = clock_changed => {}
             _ = stop.changed() => return,
         }
-        let now = clock.now();
+        let mut now = start;
         for (b, p) in bound.iter().zip(pending.iter_mut()) {
+            now = now_of(b);
             let mut due = Vec::new();
             while let Some(t) = p.next
                 && t <= now
@@ -426,7 +436,7 @@ pub(crate) async fn run(
                 due.push(t);
                 p.next = b.schedule.tick_after(t);
             }
-            enqueue_due(b, p, due, &token).await;
+            enqueue_due(b, p, due).await;
         }
         publish_progress(&progress, now, &pending);
     }
@@ -436,7 +446,7 @@ pub(crate) async fn run(
 /// has overtaken are missed ticks: the schedule's policy decides (`RunAll` keeps them, the
 /// others keep only the newest). A tick that fails now waits, with every tick after it, for
 /// the next wake.
-async fn enqueue_due(b: &Bound, p: &mut Pending, due: Vec<DateTime<Utc>>, token: &str) {
+async fn enqueue_due(b: &Bound, p: &mut Pending, due: Vec<DateTime<Utc>>) {
     if due.is_empty() && p.failed.is_empty() {
         return;
     }
@@ -451,13 +461,12 @@ async fn enqueue_due(b: &Bound, p: &mut Pending, due: Vec<DateTime<Utc>>, token:
         );
         p.failed.clear();
     }
-    let mut queue: VecDeque<(DateTime<Utc>, bool)> =
-        p.failed.drain(..).map(|t| (t, true)).collect();
-    queue.extend(due.into_iter().map(|t| (t, false)));
-    while let Some((tick, retry)) = queue.pop_front() {
-        if let Enqueued::Failed = enqueue(b, tick, token, retry).await {
+    let mut queue: VecDeque<DateTime<Utc>> = p.failed.drain(..).collect();
+    queue.extend(due);
+    while let Some(tick) = queue.pop_front() {
+        if let Enqueued::Failed = enqueue(b, tick).await {
             p.failed.push_back(tick);
-            p.failed.extend(queue.into_iter().map(|(t, _)| t));
+            p.failed.extend(queue);
             while p.failed.len() > MAX_BACKLOG {
                 p.failed.pop_front();
             }
@@ -525,23 +534,12 @@ enum Enqueued {
     Failed,
 }
 
-/// Enqueues one tick unless another worker holds it. `retry`: an earlier attempt of this worker
-/// failed, perhaps after the lock was taken, so a lock this worker holds is released first.
-async fn enqueue(b: &Bound, tick: DateTime<Utc>, token: &str, retry: bool) -> Enqueued {
+/// Enqueues one tick unless another worker has: the tick's job and its guard go to the broker
+/// in one atomic step ([`publish_once`](crate::Broker::publish_once)), so a worker dying at any
+/// point leaves the tick either enqueued or free for another worker (or this one's retry),
+/// never taken and lost.
+async fn enqueue(b: &Bound, tick: DateTime<Utc>) -> Enqueued {
     let s = &b.schedule;
-    let key = format!("sched:{}:{}", s.name, tick.timestamp_millis());
-    if retry && let Err(e) = b.route.unlock(&key, token).await {
-        tracing::warn!(schedule = %s.name, %tick, error = %e, "cannot release the tick's lock: trying again later");
-        return Enqueued::Failed;
-    }
-    match b.route.try_lock(&key, token, s.lock_ttl()).await {
-        Ok(true) => {}
-        Ok(false) => return Enqueued::Done,
-        Err(e) => {
-            tracing::warn!(schedule = %s.name, %tick, error = %e, "cannot take the tick's lock: trying again in a second");
-            return Enqueued::Failed;
-        }
-    }
     let payload = match (s.payload)(tick) {
         Ok(p) => p,
         Err(e) => {
@@ -552,9 +550,12 @@ async fn enqueue(b: &Bound, tick: DateTime<Utc>, token: &str, retry: bool) -> En
     let job = Job::from_bytes(s.queue_name(), payload)
         .kind(s.kind_name())
         .id(tick_job_id(&s.name, tick));
-    match b.route.publish(job).await {
-        Ok(_) => {
-            tracing::info!(schedule = %s.name, %tick, queue = s.queue_name(), "tick enqueued");
+    let guard = format!("sched:{}:{}", s.name, tick.timestamp_millis());
+    match b.route.publish_once(job, &guard, s.lock_ttl()).await {
+        Ok(p) => {
+            if p.is_stored() {
+                tracing::info!(schedule = %s.name, %tick, queue = s.queue_name(), "tick enqueued");
+            }
             if let Err(e) = b.route.mark_tick(&s.name, tick).await {
                 tracing::warn!(schedule = %s.name, error = %e, "cannot record the tick");
             }
@@ -562,7 +563,6 @@ async fn enqueue(b: &Bound, tick: DateTime<Utc>, token: &str, retry: bool) -> En
         }
         Err(e) => {
             tracing::error!(schedule = %s.name, %tick, error = %e, "the tick could not be enqueued: trying again in a second");
-            let _ = b.route.unlock(&key, token).await;
             Enqueued::Failed
         }
     }

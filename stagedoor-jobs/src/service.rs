@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::backoff::{Backoff, UNCAPPED_FLOOR};
 use crate::broker::{Broker, BrokerError, MAX_ATTEMPT, Problem};
-use crate::clock::Clock;
+use crate::clock::{Clock, SYNC_EVERY};
 use crate::envelope::Job;
 use crate::extract::State;
 use crate::handler::BoxFuture;
@@ -359,6 +359,10 @@ impl Service {
         }
         for route in &self.routes {
             problems.extend(route.check().await);
+            // Due times, leases and ticks follow the backend's clock from the start.
+            if let Err(e) = route.sync_clock().await {
+                tracing::warn!(backend = route.backend(), error = %e, "cannot read the backend's clock: using this machine's until the next try");
+            }
         }
         if !problems.is_empty() {
             return Err(ServiceError::Refused {
@@ -425,6 +429,15 @@ impl Service {
                 },
             )));
         }
+        if !self.routes.is_empty() {
+            let (routes, stop) = (self.routes.clone(), stop_rx.clone());
+            tasks.push(tokio::spawn(supervise(
+                board.task("clock"),
+                Arc::clone(&board),
+                limit,
+                move || sync_clocks(routes.clone(), stop.clone()),
+            )));
+        }
         let mut progress = None;
         if !self.schedules.is_empty() {
             let bound: Vec<Bound> = std::mem::take(&mut self.schedules)
@@ -446,21 +459,12 @@ impl Service {
                 .collect();
             let (tx, rx) = watch::channel(Progress::default());
             progress = Some(rx);
-            let token = format!("{}-{}", self.app.name, uuid::Uuid::now_v7().simple());
             let (clock, stop, tx) = (self.clock.clone(), stop_rx.clone(), Arc::new(tx));
             tasks.push(tokio::spawn(supervise(
                 board.task("scheduler"),
                 Arc::clone(&board),
                 limit,
-                move || {
-                    schedule::run(
-                        bound.clone(),
-                        clock.clone(),
-                        stop.clone(),
-                        Arc::clone(&tx),
-                        token.clone(),
-                    )
-                },
+                move || schedule::run(bound.clone(), clock.clone(), stop.clone(), Arc::clone(&tx)),
             )));
         }
         tracing::info!(app = %self.app.name, version = %self.app.version, "service started");
@@ -599,6 +603,22 @@ impl Running {
                 "service stopped after a task failed"
             ),
             None => tracing::info!(app = %self.app.name, "service stopped"),
+        }
+    }
+}
+
+/// Keeps each route's clock in step with its backend's, every [`SYNC_EVERY`] until the
+/// service stops. A failed measurement keeps the last offset and is tried again at the next.
+async fn sync_clocks(routes: Vec<Arc<dyn ErasedRoute>>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(SYNC_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+        for route in &routes {
+            if let Err(e) = route.sync_clock().await {
+                tracing::debug!(backend = route.backend(), error = %e, "cannot read the backend's clock: keeping the last offset");
+            }
         }
     }
 }
