@@ -8,6 +8,8 @@
 //! | 3. missed ticks: skip, run once, run all (at most 1,000), counted from the tick recorded before every worker stopped | [`missed_ticks`] |
 //! | 1. a cron schedule at its wall-clock time in its zone, across both DST changes (a skipped time, a repeated time, hourly and every 15 minutes); a day on the harness's clock | [`cron`] |
 //! | 4. delayed publishing (`after`, `at`) survives a restart of every worker | [`delayed_job_survives_a_restart`] |
+//! | issue 13, 7. a scheduler dying between taking a tick and enqueueing it (or just after): the tick runs once | [`a_scheduler_dying_mid_tick`] |
+//! | issue 13, 6. a worker whose clock is 3 s fast runs no tick and no delayed job early, and no tick twice | [`a_fast_clock`] |
 //! | 5. the hold-expiry example: no expired hold and no seat `held` without a hold; a duplicate run (the handler called twice, two sweeps at once, the same tick published twice) changes nothing | [`hold_expiry_sweep`] |
 //!
 //! Servers come from `scripts/test-all` (`DATABASE_URL`, `REDIS_URL`, `REDIS_CLUSTER_URLS`);
@@ -190,6 +192,17 @@ impl Backend {
 
     /// A worker: `record` on every kind of [`QUEUE`], and `schedules`.
     fn service(&self, app: &str, seen: &Arc<Seen>, schedules: Vec<Schedule>) -> Service {
+        self.service_with(app, seen, schedules, &Tweak::default())
+    }
+
+    /// A worker as [`service`](Self::service), its broker changed as `tweak` says.
+    fn service_with(
+        &self,
+        app: &str,
+        seen: &Arc<Seen>,
+        schedules: Vec<Schedule>,
+        tweak: &Tweak,
+    ) -> Service {
         let mut service = Service::new(AppInfo::new(app, "0.1.0"))
             .state(Arc::clone(seen))
             .shutdown_timeout(Duration::from_secs(5));
@@ -197,20 +210,20 @@ impl Backend {
             service = service.schedule(s);
         }
         match self {
-            Backend::Memory(b) => service.with_broker(b.clone(), mount),
+            Backend::Memory(b) => tweak.attach(service, b.clone()),
             Backend::Sqlite(db) => {
-                service.with_broker(db.broker().route::<hold_expiry::JobRow>(QUEUE), mount)
+                tweak.attach(service, db.broker().route::<hold_expiry::JobRow>(QUEUE))
             }
             Backend::Postgres(db) => {
-                service.with_broker(db.broker().route::<hold_expiry::JobRow>(QUEUE), mount)
+                tweak.attach(service, db.broker().route::<hold_expiry::JobRow>(QUEUE))
             }
-            Backend::Redis { url, namespace } => service.with_broker(
+            Backend::Redis { url, namespace } => tweak.attach(
+                service,
                 RedisBroker::from_url(url).namespace(namespace.clone()),
-                mount,
             ),
-            Backend::Cluster { urls, namespace } => service.with_broker(
+            Backend::Cluster { urls, namespace } => tweak.attach(
+                service,
                 RedisBroker::cluster(urls).namespace(namespace.clone()),
-                mount,
             ),
         }
     }
@@ -1483,5 +1496,404 @@ mod hold_expiry_sweep {
             s[0].next_after(t).expect("a tick").to_rfc3339(),
             "2026-07-01T12:01:00+00:00"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 13: clocks that disagree, a scheduler that dies mid-tick
+// ---------------------------------------------------------------------------------------------
+
+/// How [`Backend::service_with`] changes a worker's broker.
+#[derive(Clone, Default)]
+struct Tweak {
+    /// The worker's machine clock is this far off (as libfaketime would make it).
+    skew: Option<chrono::Duration>,
+    /// The worker's scheduler dies at a tick, as [`DieAt`] says.
+    die: Option<Arc<DieAt>>,
+}
+
+impl Tweak {
+    fn attach<B: Broker>(&self, service: Service, broker: B) -> Service {
+        if let Some(skew) = self.skew {
+            broker.clock().set_skew(skew);
+        }
+        match &self.die {
+            Some(die) => service.with_broker(
+                Dying {
+                    inner: broker,
+                    die: Arc::clone(die),
+                },
+                mount,
+            ),
+            None => service.with_broker(broker, mount),
+        }
+    }
+}
+
+/// Where a dying scheduler stops for good: at its `nth` tick, before or after the step that
+/// enqueues it. Stopping is waiting forever: nothing this worker's scheduler does comes after
+/// it, as if its process were SIGKILLed there (its queue workers run on, which does not matter
+/// to the tick).
+struct DieAt {
+    nth: usize,
+    after: bool,
+    ticks: std::sync::atomic::AtomicUsize,
+    dead: tokio::sync::Notify,
+    died: std::sync::atomic::AtomicBool,
+}
+
+impl DieAt {
+    fn new(nth: usize, after: bool) -> Arc<Self> {
+        Arc::new(Self {
+            nth,
+            after,
+            ticks: Default::default(),
+            dead: tokio::sync::Notify::new(),
+            died: Default::default(),
+        })
+    }
+
+    /// Called at a step that takes a tick: whether this is the step to die at.
+    fn is_the_one(&self) -> bool {
+        self.ticks.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == self.nth
+    }
+
+    async fn die(&self) -> ! {
+        self.died.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.dead.notify_waiters();
+        std::future::pending().await
+    }
+
+    async fn wait_dead(&self) {
+        tokio::time::timeout(PATIENCE, async {
+            while !self.died.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the scheduler reaches the tick it dies at");
+    }
+}
+
+/// A broker whose scheduler dies at a tick (see [`DieAt`]); everything else is its inner
+/// broker's. A tick is taken with `publish_once`, or (before issue 13) with `try_lock` on a
+/// `sched:` key and then `publish`: the dying step is either.
+#[derive(Clone)]
+struct Dying<B> {
+    inner: B,
+    die: Arc<DieAt>,
+}
+
+impl<B: Broker> Broker for Dying<B> {
+    type Receipt = B::Receipt;
+
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+    async fn connect(&self) -> Result<(), stagedoor_jobs::BrokerError> {
+        self.inner.connect().await
+    }
+    async fn check(
+        &self,
+        mounts: &[stagedoor_jobs::broker::MountInfo],
+    ) -> Vec<stagedoor_jobs::broker::Problem> {
+        self.inner.check(mounts).await
+    }
+    async fn prepare(&self, queue: &str) -> Result<(), stagedoor_jobs::BrokerError> {
+        self.inner.prepare(queue).await
+    }
+    async fn claim(
+        &self,
+        queue: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<stagedoor_jobs::broker::Delivery<B::Receipt>>, stagedoor_jobs::BrokerError>
+    {
+        self.inner.claim(queue, max, wait).await
+    }
+    async fn renew(
+        &self,
+        queue: &str,
+        receipt: &B::Receipt,
+    ) -> Result<bool, stagedoor_jobs::BrokerError> {
+        self.inner.renew(queue, receipt).await
+    }
+    async fn settle(
+        &self,
+        queue: &str,
+        delivery: &stagedoor_jobs::broker::Delivery<B::Receipt>,
+        settlement: stagedoor_jobs::broker::Settlement,
+    ) -> Result<stagedoor_jobs::broker::Settled, stagedoor_jobs::BrokerError> {
+        self.inner.settle(queue, delivery, settlement).await
+    }
+    async fn publish(
+        &self,
+        queue: &str,
+        jobs: Vec<(stagedoor_jobs::Envelope, Option<DateTime<Utc>>)>,
+    ) -> Result<Vec<stagedoor_jobs::Published>, stagedoor_jobs::BrokerError> {
+        self.inner.publish(queue, jobs).await
+    }
+    async fn publish_once(
+        &self,
+        queue: &str,
+        job: (stagedoor_jobs::Envelope, Option<DateTime<Utc>>),
+        guard: &str,
+        ttl: Duration,
+    ) -> Result<stagedoor_jobs::Published, stagedoor_jobs::BrokerError> {
+        let dies = self.die.is_the_one();
+        if dies && !self.die.after {
+            self.die.die().await;
+        }
+        let out = self.inner.publish_once(queue, job, guard, ttl).await;
+        if dies {
+            self.die.die().await;
+        }
+        out
+    }
+    async fn try_lock(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, stagedoor_jobs::BrokerError> {
+        let taken = self.inner.try_lock(key, token, ttl).await;
+        if key.starts_with("sched:") && self.die.is_the_one() && matches!(taken, Ok(true)) {
+            self.die.die().await;
+        }
+        taken
+    }
+    async fn unlock(&self, key: &str, token: &str) -> Result<(), stagedoor_jobs::BrokerError> {
+        self.inner.unlock(key, token).await
+    }
+    async fn last_tick(
+        &self,
+        schedule: &str,
+    ) -> Result<Option<DateTime<Utc>>, stagedoor_jobs::BrokerError> {
+        self.inner.last_tick(schedule).await
+    }
+    async fn mark_tick(
+        &self,
+        schedule: &str,
+        tick: DateTime<Utc>,
+    ) -> Result<(), stagedoor_jobs::BrokerError> {
+        self.inner.mark_tick(schedule, tick).await
+    }
+    async fn dead_letters(
+        &self,
+        dead: &str,
+        selector: &stagedoor_jobs::DeadSelector,
+        limit: usize,
+    ) -> Result<Vec<stagedoor_jobs::DeadLetter>, stagedoor_jobs::BrokerError> {
+        self.inner.dead_letters(dead, selector, limit).await
+    }
+    async fn replay(
+        &self,
+        dead: &str,
+        selector: &stagedoor_jobs::DeadSelector,
+    ) -> Result<stagedoor_jobs::ReplayReport, stagedoor_jobs::BrokerError> {
+        self.inner.replay(dead, selector).await
+    }
+    async fn purge(
+        &self,
+        dead: &str,
+        selector: &stagedoor_jobs::DeadSelector,
+    ) -> Result<u64, stagedoor_jobs::BrokerError> {
+        self.inner.purge(dead, selector).await
+    }
+    async fn stats(
+        &self,
+        queue: &str,
+    ) -> Result<stagedoor_jobs::QueueStats, stagedoor_jobs::BrokerError> {
+        self.inner.stats(queue).await
+    }
+    async fn queues(&self) -> Result<Vec<String>, stagedoor_jobs::BrokerError> {
+        self.inner.queues().await
+    }
+    async fn dead_len(&self, dead: &str) -> Result<u64, stagedoor_jobs::BrokerError> {
+        self.inner.dead_len(dead).await
+    }
+    fn default_dead_letter(&self, queue: &str) -> String {
+        self.inner.default_dead_letter(queue)
+    }
+    fn lease(&self) -> Duration {
+        self.inner.lease()
+    }
+    async fn server_time(&self) -> Result<Option<DateTime<Utc>>, stagedoor_jobs::BrokerError> {
+        self.inner.server_time().await
+    }
+    fn clock(&self) -> stagedoor_jobs::Clock {
+        self.inner.clock()
+    }
+    fn use_clock(&self, clock: &stagedoor_jobs::Clock) -> bool {
+        self.inner.use_clock(clock)
+    }
+    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        self.inner.next_due(queue).await
+    }
+}
+
+/// A scheduler dies at its second tick, before or after the step that enqueues it; a second
+/// worker started then catches the tick up (it is the latest missed one): the tick runs once.
+/// Before issue 13 the tick's lock was taken first and the job published after it: a worker
+/// dying between the two held the lock for an hour and the tick never ran.
+async fn a_scheduler_dying_mid_tick_loses_no_tick(kind: &str, after: bool) {
+    let backend = Backend::fresh(kind).await;
+    let seen = Arc::new(Seen::default());
+    let every = || vec![Schedule::every("every_2s", Duration::from_secs(2)).on(QUEUE)];
+    let die = DieAt::new(2, after);
+    let dying = backend
+        .service_with(
+            "dying",
+            &seen,
+            every(),
+            &Tweak {
+                die: Some(Arc::clone(&die)),
+                ..Tweak::default()
+            },
+        )
+        .start()
+        .await
+        .expect("the dying worker starts");
+    die.wait_dead().await;
+    let second = backend
+        .service("second", &seen, every())
+        .start()
+        .await
+        .expect("the second worker starts");
+    // The dying tick, then two more by the second worker.
+    let ticks = |seen: &Seen| seen.ticks("every_2s");
+    eventually("four ticks ran", PATIENCE, || {
+        let t = ticks(&seen);
+        async move { t.len() >= 4 }
+    })
+    .await;
+    // The dying worker's scheduler never returns: its shutdown stops it 5 s after the deadline.
+    stop_all(vec![second, dying]).await;
+    let t = ticks(&seen);
+    let mut unique = t.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), t.len(), "{kind}: a tick ran twice: {t:?}");
+    assert!(
+        t.windows(2)
+            .all(|w| w[1] - w[0] == chrono::Duration::seconds(2)),
+        "{kind}: a tick is missing (the one the first worker died at, {}): {t:?}",
+        if after {
+            "after enqueueing it"
+        } else {
+            "before enqueueing it"
+        }
+    );
+}
+
+mod a_scheduler_dying_mid_tick {
+    macro_rules! rows {
+        ($($name:ident: $kind:literal),*) => {$(
+            mod $name {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn before_the_enqueue() {
+                    super::super::a_scheduler_dying_mid_tick_loses_no_tick($kind, false).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn after_the_enqueue() {
+                    super::super::a_scheduler_dying_mid_tick_loses_no_tick($kind, true).await;
+                }
+            }
+        )*};
+    }
+    rows!(memory: "memory", sqlite: "sqlite", postgres: "postgres", redis: "redis", redis_cluster: "cluster");
+}
+
+/// One of two workers has its clock 3 s fast. Ticks and due times come from the backend's
+/// clock, so no tick's job runs before its tick (by the real clock), no tick runs twice or goes
+/// missing, and a job the fast worker publishes to run in 2 s does not run sooner. Before issue
+/// 13 the fast worker enqueued every tick about 3 s early.
+async fn a_fast_clock_runs_nothing_early(kind: &str) {
+    let backend = Backend::fresh(kind).await;
+    let seen = Arc::new(Seen::default());
+    let every = || vec![Schedule::every("every_1s", Duration::from_secs(1)).on(QUEUE)];
+    let fast = backend
+        .service_with(
+            "fast",
+            &seen,
+            every(),
+            &Tweak {
+                skew: Some(chrono::Duration::seconds(3)),
+                ..Tweak::default()
+            },
+        )
+        .start()
+        .await
+        .expect("the fast worker starts");
+    let normal = backend
+        .service("normal", &seen, every())
+        .start()
+        .await
+        .expect("the normal worker starts");
+    let mut delayed = Vec::new();
+    for i in 0..5 {
+        let published = Utc::now();
+        let id = format!("delayed-{i}");
+        fast.publish(
+            Job::new(QUEUE, &json!({ "i": i }))
+                .expect("json")
+                .kind("delayed")
+                .id(stagedoor_jobs::JobId::from_string(id.clone()))
+                .after(Duration::from_secs(2)),
+        )
+        .await
+        .expect("publish");
+        delayed.push((id, published));
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_all(vec![fast, normal]).await;
+    // Within the offset measurement (half a round trip on loopback) and the timestamps' rounding.
+    let slack = chrono::Duration::milliseconds(150);
+    let runs = seen.runs();
+    for (id, published) in &delayed {
+        let ran: Vec<_> = runs.iter().filter(|(r, _)| r == id).collect();
+        assert_eq!(ran.len(), 1, "{kind}: {id} ran {} times", ran.len());
+        let early = *published + chrono::Duration::seconds(2) - ran[0].1;
+        assert!(
+            early < slack,
+            "{kind}: {id}, published to run in 2 s, ran {} ms early",
+            early.num_milliseconds()
+        );
+    }
+    let mut ticks = 0;
+    for (id, at) in &runs {
+        let Some(tick) = hold_expiry::tick_of(id) else {
+            continue;
+        };
+        ticks += 1;
+        assert!(
+            tick - *at < slack,
+            "{kind}: the tick {tick} ran {} ms early",
+            (tick - *at).num_milliseconds()
+        );
+    }
+    assert!(ticks >= 5, "{kind}: only {ticks} ticks ran: {runs:?}");
+    let t = seen.ticks("every_1s");
+    let mut unique = t.clone();
+    unique.dedup();
+    assert_eq!(unique.len(), t.len(), "{kind}: a tick ran twice: {t:?}");
+}
+
+mod a_fast_clock {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        super::a_fast_clock_runs_nothing_early("sqlite").await;
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::a_fast_clock_runs_nothing_early("postgres").await;
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis() {
+        super::a_fast_clock_runs_nothing_early("redis").await;
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_cluster() {
+        super::a_fast_clock_runs_nothing_early("cluster").await;
     }
 }

@@ -472,6 +472,7 @@ impl Service {
             app: self.app,
             board,
             tasks,
+            shutdown_timeout: self.shutdown_timeout,
             routes: self.routes,
             in_flight,
             progress,
@@ -536,6 +537,8 @@ pub struct Running {
     app: AppInfo,
     board: Arc<Board>,
     tasks: Vec<JoinHandle<()>>,
+    /// How long running handlers get at shutdown (the other tasks get 5 s more).
+    shutdown_timeout: Duration,
     pub(crate) routes: Vec<Arc<dyn ErasedRoute>>,
     pub(crate) in_flight: Arc<std::sync::atomic::AtomicUsize>,
     pub(crate) progress: Option<watch::Receiver<Progress>>,
@@ -588,11 +591,20 @@ impl Running {
     /// is logged, and [`failed`](Self::failed) or [`health`](Self::health) tell it.)
     pub async fn shutdown(self) {
         self.board.stop();
+        // The queue workers give their handlers the shutdown timeout; a task still running 5 s
+        // after that (a backend call that never returns) is stopped, so shutdown always ends.
+        let deadline = tokio::time::Instant::now() + self.shutdown_timeout + SHUTDOWN_GRACE;
         for t in self.tasks {
-            if let Err(e) = t.await
-                && e.is_panic()
-            {
-                tracing::error!(app = %self.app.name, "a supervised task panicked outside its supervision: {e}");
+            let abort = t.abort_handle();
+            match tokio::time::timeout_at(deadline, t).await {
+                Ok(Err(e)) if e.is_panic() => {
+                    tracing::error!(app = %self.app.name, "a supervised task panicked outside its supervision: {e}");
+                }
+                Ok(_) => {}
+                Err(_) => {
+                    tracing::warn!(app = %self.app.name, "a task of the service had not stopped {SHUTDOWN_GRACE:?} after the shutdown deadline (a backend call that does not return?): stopped");
+                    abort.abort();
+                }
             }
         }
         match self.board.failure() {
@@ -606,6 +618,9 @@ impl Running {
         }
     }
 }
+
+/// How long after the shutdown timeout a task that has not stopped is stopped.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Keeps each route's clock in step with its backend's, every [`SYNC_EVERY`] until the
 /// service stops. A failed measurement keeps the last offset and is tried again at the next.
