@@ -42,6 +42,12 @@ struct Faults {
     zero_lease: bool,
     /// Renewals asked for so far.
     renews: AtomicU64,
+    /// Claims fail with a connection error until then (a server away for a while).
+    claims_fail_until: std::sync::Mutex<Option<Instant>>,
+    /// Settlements fail with a connection error for this long from the first one tried.
+    settles_fail_for: Option<Duration>,
+    /// When the first settlement was tried.
+    first_settle: std::sync::Mutex<Option<Instant>>,
 }
 
 /// The in-memory broker, misbehaving as its [`Faults`] say.
@@ -55,6 +61,13 @@ impl Faulty {
     fn new(faults: Faults) -> Self {
         Self {
             inner: MemoryBroker::new(),
+            faults: Arc::new(faults),
+        }
+    }
+
+    fn with_lease(faults: Faults, lease: Duration) -> Self {
+        Self {
+            inner: MemoryBroker::with_lease(lease),
             faults: Arc::new(faults),
         }
     }
@@ -92,6 +105,13 @@ impl Broker for Faulty {
         {
             return Err(BrokerError::Connection("injected outage".to_owned()));
         }
+        if f.claims_fail_until
+            .lock()
+            .unwrap()
+            .is_some_and(|t| Instant::now() < t)
+        {
+            return Err(BrokerError::Connection("injected outage".to_owned()));
+        }
         let ask = if f.oversize { max * 2 + 1 } else { max };
         let got = self.inner.claim(queue, ask, wait).await?;
         if got.len() > max {
@@ -109,6 +129,17 @@ impl Broker for Faulty {
         delivery: &Delivery<MemoryReceipt>,
         settlement: Settlement,
     ) -> Result<Settled, BrokerError> {
+        if let Some(d) = self.faults.settles_fail_for {
+            let first = *self
+                .faults
+                .first_settle
+                .lock()
+                .unwrap()
+                .get_or_insert_with(Instant::now);
+            if first.elapsed() < d {
+                return Err(BrokerError::Connection("injected outage".to_owned()));
+            }
+        }
         self.inner.settle(queue, delivery, settlement).await
     }
     async fn publish(
@@ -676,4 +707,64 @@ fn sql_acknowledgements_outlive_the_task_that_batched_them() {
     ack_one(&second, 3);
     drop(second);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 13, item 2: a settlement that fails for seconds (a server restarting) is tried until
+/// it takes effect, the lease renewed meanwhile, so the job does not run again. Before, it
+/// was given up after 5 tries (750 ms) and the job ran again after its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_failing_for_seconds_takes_effect_and_the_job_runs_once() {
+    let faults = Faults {
+        settles_fail_for: Some(Duration::from_millis(2_500)),
+        ..Faults::default()
+    };
+    let gauge = Arc::new(Gauge::default());
+    let broker = Faulty::with_lease(faults, Duration::from_secs(1));
+    let app = TestApp::start_live(service("settles", "settles", broker.clone(), &gauge))
+        .await
+        .unwrap();
+    publish(&app, "settles", 0..3).await;
+    // The settlements fail for 2.5 s, then take effect; two more leases pass.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    app.drain().await;
+    assert_each_acked_once(&app, 3);
+    assert!(
+        broker.faults.renews.load(Ordering::SeqCst) >= 3,
+        "the lease was renewed while the settlement waited"
+    );
+    app.stop().await;
+}
+
+/// Issue 13, item 3: once the broker answers again, claims resume within a second (the wait
+/// between failed claims is at most 500 ms). Before, it grew to 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_resume_within_a_second_of_the_broker_answering() {
+    let faults = Faults::default();
+    let gauge = Arc::new(Gauge::default());
+    let broker = Faulty::new(faults);
+    let app = TestApp::start_live(service("resume", "resume", broker.clone(), &gauge))
+        .await
+        .unwrap();
+    // 8 s: the old waits (200 ms doubling to 5 s) would have tried at 6.2 s and then 11.2 s.
+    let back = Instant::now() + Duration::from_secs(8);
+    *broker.faults.claims_fail_until.lock().unwrap() = Some(back);
+    until(&app, Duration::from_secs(10), "claims fail", |h| {
+        h.queues.iter().any(|q| q.consecutive_failed_claims >= 3)
+    })
+    .await;
+    // Published once no claim is waiting: only a claim after the outage can take it.
+    publish(&app, "resume", 0..1).await;
+    while app.outcomes("work").is_empty() {
+        assert!(
+            Instant::now() < back + Duration::from_secs(10),
+            "the job never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let resumed = Instant::now().saturating_duration_since(back);
+    assert!(
+        resumed < Duration::from_secs(1),
+        "claims resumed {resumed:?} after the broker answered again"
+    );
+    app.stop().await;
 }

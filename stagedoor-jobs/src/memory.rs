@@ -86,9 +86,9 @@ impl Default for MemoryBroker {
 }
 
 impl MemoryBroker {
-    /// A broker with a lease of 30 seconds.
+    /// A broker with the backends' lease, [`DEFAULT_LEASE`](crate::broker::DEFAULT_LEASE).
     pub fn new() -> Self {
-        Self::with_lease(Duration::from_secs(30))
+        Self::with_lease(crate::broker::DEFAULT_LEASE)
     }
 
     /// A broker whose claims hold a job for `lease`.

@@ -755,7 +755,7 @@ impl<B: Broker> Worker<B> {
         // aborted); the job is then delivered again after its lease. An error that is not about
         // the connection is tried 5 times.
         let every = (self.broker.lease() / 3).max(MIN_RENEW_EVERY);
-        let mut renewed = tokio::time::Instant::now();
+        let mut renewed: Option<tokio::time::Instant> = None;
         let mut wait = Duration::from_millis(50);
         let mut failures: u32 = 0;
         loop {
@@ -795,23 +795,24 @@ impl<B: Broker> Worker<B> {
                     if failures == 1 || failures.is_multiple_of(10) {
                         tracing::warn!(error = %e, "could not settle ({failures} tries): trying again, the lease renewed meanwhile");
                     }
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(SETTLE_RETRY_MAX);
-                    if renewed.elapsed() >= every {
-                        match self.broker.renew(&self.queue.name, &delivery.receipt).await {
-                            Ok(true) => renewed = tokio::time::Instant::now(),
-                            Ok(false) => {
-                                for o in self.ctx.observers.iter() {
-                                    o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
-                                }
-                                tracing::warn!(
-                                    "the lease was lost while the settlement waited for the server: another worker may run this job; this outcome is discarded"
-                                );
-                                return;
+                    // Renewed at once (the handler's last renewal may be most of a third of
+                    // the lease ago), then every third of the lease.
+                    if renewed.is_none_or(|t| t.elapsed() >= every) {
+                        renewed = Some(tokio::time::Instant::now());
+                        if let Ok(false) =
+                            self.broker.renew(&self.queue.name, &delivery.receipt).await
+                        {
+                            for o in self.ctx.observers.iter() {
+                                o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
                             }
-                            Err(_) => {}
+                            tracing::warn!(
+                                "the lease was lost while the settlement waited for the server: another worker may run this job; this outcome is discarded"
+                            );
+                            return;
                         }
                     }
+                    tokio::time::sleep(wait.min(every)).await;
+                    wait = (wait * 2).min(SETTLE_RETRY_MAX);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "could not settle after {} tries: the job will be delivered again after its lease", failures + 1);
