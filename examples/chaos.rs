@@ -611,6 +611,8 @@ struct Proc {
     offset: u64,
     partial: String,
     started: HashSet<u64>,
+    /// When the process was seen to have exited by itself.
+    exited: Option<Instant>,
 }
 
 /// Every ledger's lines, added up.
@@ -694,6 +696,7 @@ impl Driver {
             offset: 0,
             partial: String::new(),
             started: HashSet::new(),
+            exited: None,
         })
     }
 
@@ -707,16 +710,22 @@ impl Driver {
     /// Starts again a worker that exited by itself (and counts it).
     fn respawn_exited(&mut self) -> Res<()> {
         for i in 0..self.procs.len() {
-            if let Some(status) = self.procs[i].child.try_wait()? {
+            if let Some(exited) = self.procs[i].exited {
+                // A second apart, so that a worker that cannot start does not spin.
+                if exited.elapsed() >= Duration::from_secs(1) {
+                    let fresh = self.spawn(i)?;
+                    let mut old = std::mem::replace(&mut self.procs[i], fresh);
+                    old.read(&mut self.tally)?;
+                }
+            } else if let Some(status) = self.procs[i].child.try_wait()? {
                 self.unexpected_exits += 1;
+                self.procs[i].exited = Some(Instant::now());
                 println!(
-                    "  worker {} (pid {}) exited by itself: {status}; started again",
+                    "  worker {} (pid {}) exited by itself: {status} (its log: {}); starting it again in 1 s",
                     self.procs[i].slot + 1,
-                    self.procs[i].child.id()
+                    self.procs[i].child.id(),
+                    self.procs[i].ledger.with_extension("log").display()
                 );
-                let fresh = self.spawn(i)?;
-                let mut old = std::mem::replace(&mut self.procs[i], fresh);
-                old.read(&mut self.tally)?;
             }
         }
         Ok(())
@@ -836,7 +845,7 @@ async fn run(args: RunArgs) -> Res<Row> {
                     // A random worker among those that have run a job (a worker still
                     // starting holds nothing: killing it would test nothing).
                     let busy: Vec<usize> = (0..WORKERS)
-                        .filter(|&i| !d.procs[i].started.is_empty())
+                        .filter(|&i| d.procs[i].exited.is_none() && !d.procs[i].started.is_empty())
                         .collect();
                     let pick = next_random(&mut rng) as usize;
                     let victim = if busy.is_empty() {
