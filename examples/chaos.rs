@@ -322,6 +322,16 @@ async fn worker(
             })
         }
     };
+    // A worker whose driver died (interrupted) goes too, as if killed.
+    let parent = std::os::unix::process::parent_id();
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(Duration::from_millis(200));
+            if std::os::unix::process::parent_id() != parent {
+                std::process::exit(1);
+            }
+        }
+    });
     // Until SIGTERM (the driver's end of the scenario) or SIGKILL.
     service.run().await?;
     Ok(())
