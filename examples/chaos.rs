@@ -1143,5 +1143,13 @@ fn report(rows: &[Row]) -> Vec<String> {
             failures.push(format!("{name}: {} job(s) in the dead letter", r.dead));
         }
     }
+    println!();
+    println!(
+        "Lost: jobs never run to their end. Duplicate runs: handler starts beyond a job's first; \
+         a kill loop's bound is the jobs the killed workers held (started, and still claimed in \
+         the backend right after the kill). Outage: restart command to the server's first answer \
+         (PING / SELECT 1 every 50 ms); resume: that answer to the first job acknowledged after \
+         it. Total: from the workers' start to drained."
+    );
     failures
 }
