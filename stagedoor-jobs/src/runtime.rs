@@ -279,24 +279,19 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
             if clock.is_manual() {
                 return Ok(());
             }
-            let mut best: Option<(
-                chrono::Duration,
-                DateTime<Utc>,
-                DateTime<Utc>,
-                DateTime<Utc>,
-            )> = None;
+            // [sent, the server's time, received]: the sample with the shortest round trip.
+            let mut best: Option<[DateTime<Utc>; 3]> = None;
             for _ in 0..3 {
                 let sent = clock.local();
                 let Some(server) = self.broker.server_time().await? else {
                     return Ok(());
                 };
                 let received = clock.local();
-                let rtt = received - sent;
-                if best.as_ref().is_none_or(|(r, ..)| rtt < *r) {
-                    best = Some((rtt, sent, server, received));
+                if best.is_none_or(|[s, _, r]| received - sent < r - s) {
+                    best = Some([sent, server, received]);
                 }
             }
-            if let Some((_, sent, server, received)) = best {
+            if let Some([sent, server, received]) = best {
                 let before = clock.offset();
                 clock.sync(sent, server, received);
                 let after = clock.offset();
