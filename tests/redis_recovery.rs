@@ -17,6 +17,8 @@
 //!   reclaimed from.
 //! - [`a_tick_whose_publish_failed_can_be_enqueued_again`]: `publish_once` whose publish fails
 //!   leaves no guard behind, so the tick is enqueued on the next try instead of being lost.
+//! - [`the_brokers_clock_follows_the_servers_time`]: the broker's one clock, shared by its
+//!   clones, is synced with the server's `TIME` at start; delayed jobs are scored from it.
 //!
 //! The first two start their own `redis-server` (on PATH under `scripts/test-all`) on a free
 //! port in a temporary directory, stopped when the test ends; the others use `REDIS_URL`.
@@ -906,4 +908,73 @@ async fn a_tick_whose_publish_failed_can_be_enqueued_again() {
         .await
         .expect("XLEN");
     assert_eq!(len, 1, "one job in the stream");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server's clock
+// ---------------------------------------------------------------------------------------------
+
+async fn ack(_: &Msg) -> HandlerOutcome {
+    HandlerOutcome::ack()
+}
+
+/// The broker keeps one clock, shared by its clones: a machine clock 10 s fast shows in every
+/// clone's reading until the service starts, which measures it against the server's `TIME`;
+/// from then on the broker reads the server's time, and a delayed job is scored from it (due
+/// 2 s after the server's now, not 12 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_brokers_clock_follows_the_servers_time() {
+    let ns = fresh_namespace("rt");
+    let broker = RedisBroker::from_url(shared_url()).namespace(&ns);
+    let mut c = redis::Client::open(shared_url())
+        .expect("a URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let server_ms = |mut c: redis::aio::MultiplexedConnection| async move {
+        let (s, us): (i64, i64) = cmd("TIME").query_async(&mut c).await.expect("TIME");
+        s * 1_000 + us / 1_000
+    };
+    broker.clock().set_skew(chrono::Duration::seconds(10));
+    let ahead = broker.clone().clock().now().timestamp_millis() - server_ms(c.clone()).await;
+    assert!(
+        (9_500..10_500).contains(&ahead),
+        "every clone reads the one clock, 10 s fast before it is synced: {ahead} ms"
+    );
+
+    let running = Service::new(AppInfo::new("redis-clock", "0.1.0"))
+        .with_broker(broker.clone(), |b| {
+            b.include(Subscriber::new(Stream::new(QUEUE), ack).name("ack"))
+                .max_attempts(nonzero!(5u32))
+                .dead_letter("jobs:dead");
+        })
+        .start()
+        .await
+        .unwrap_or_else(|e| panic!("the service starts: {e}"));
+    let off = broker.clock().now().timestamp_millis() - server_ms(c.clone()).await;
+    assert!(
+        off.abs() < 500,
+        "synced at start: the broker reads the server's time ({off} ms off)"
+    );
+    let before = server_ms(c.clone()).await;
+    let published = running
+        .publish(job(1).after(Duration::from_secs(2)))
+        .await
+        .expect("publish");
+    let after = server_ms(c.clone()).await;
+    let scored: Vec<(Vec<u8>, f64)> = cmd("ZRANGE")
+        .arg(format!("{}:delayed", broker.stream_key(QUEUE)))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut c)
+        .await
+        .expect("ZRANGE");
+    assert_eq!(scored.len(), 1, "the delayed job {}", published.id());
+    let due = scored[0].1 as i64;
+    assert!(
+        due >= before + 2_000 - 500 && due <= after + 2_000 + 500,
+        "due 2 s after the server's now ({before}..{after}), not after this machine's: {due}"
+    );
+    running.shutdown().await;
 }
