@@ -11,8 +11,8 @@
 //!   publish then fails with [`BrokerError::Full`] naming the limit and the fix, a service whose
 //!   queue has no group yet says the server is full, and a worker on the filled queue starts
 //!   and drains it whole: acknowledging, retrying, dead-lettering and moving due delayed jobs.
-//! - [`a_killed_workers_jobs_come_back_within_a_lease_and_a_slow_handler_keeps_its_own`]: with
-//!   default settings, a child worker SIGKILLed while holding jobs gives them back within
+//! - [`a_killed_workers_jobs_come_back_within_a_lease_and_a_slow_handler_keeps_its_own`]
+//!   (default settings): a child worker SIGKILLed while holding jobs gives them back within
 //!   seconds, and a live worker's handler that runs 8 s (longer than the 3 s lease) is never
 //!   reclaimed from.
 //! - [`a_tick_whose_publish_failed_can_be_enqueued_again`]: `publish_once` whose publish fails

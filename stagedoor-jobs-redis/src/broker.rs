@@ -1254,7 +1254,7 @@ impl Broker for RedisBroker {
         Ok(published)
     }
 
-    /// One script ([`scripts::PUBLISH_ONCE`]): when the guard's key (`{<queue>}:once:<guard>`,
+    /// One script: when the guard's key (`{<queue>}:once:<guard>`,
     /// in the queue's hash slot) exists nothing is stored; otherwise the guard is set for
     /// `ttl` and the job published as [`publish`](Broker::publish) does (its id once, to the
     /// delayed set when it is due later), in the same step. A full server refuses it whole.
