@@ -2,15 +2,15 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redis::{Value, cmd};
+use redis::{ErrorKind, ServerErrorKind, Value, cmd};
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, QueueStats,
-    ReplayReport, Settled, Settlement,
+    Broker, BrokerError, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo, Problem,
+    QueueStats, ReplayReport, Settled, Settlement,
 };
 use stagedoor_jobs::{Clock, Envelope};
 use tokio::sync::OnceCell;
@@ -48,6 +48,14 @@ struct Inner {
     target: Result<Target, String>,
     url_for_messages: String,
     conn: OnceCell<Conn>,
+    /// The broker's clock, shared by its clones: the runtime keeps it in step with the
+    /// server's (`TIME`), and every due time, `failed_at` and delayed score is read from it.
+    clock: Clock,
+    /// Reads the server's errors and remembers the last connection-level one.
+    errors: Arc<Errors>,
+    /// Whether the server knows script flags (Redis 7 and later, found at connect): the
+    /// scripts that settle, reclaim and move jobs then run on a full server too.
+    allow_oom: AtomicBool,
     /// One connection per queue for blocking reads, which would hold up the shared one.
     blocking: tokio::sync::Mutex<HashMap<String, Conn>>,
     /// This process's consumer name in every group.
@@ -88,12 +96,14 @@ async fn ack_loop(
     mut c: Conn,
     keys: Keys,
     consumer: String,
+    errors: Arc<Errors>,
+    allow_oom: bool,
     rx: stagedoor_jobs::supervise::SharedReceiver<AckReq>,
 ) {
     let mut rx = rx.lock().await;
     let mut batch = Vec::with_capacity(scripts::ACK_BATCH);
     while rx.recv_many(&mut batch, scripts::ACK_BATCH).await > 0 {
-        let mut call = scripts::ACK_MANY.key(&keys.stream);
+        let mut call = scripts::ACK_MANY.pick(allow_oom).key(&keys.stream);
         call.key(&keys.ids).arg(GROUP).arg(&consumer);
         for r in &batch {
             call.arg(&r.id).arg(r.deliveries).arg(&r.job);
@@ -105,7 +115,7 @@ async fn ack_loop(
                 }
             }
             Err(e) => {
-                let e = conn_err(e);
+                let e = errors.of(e);
                 for r in batch.drain(..) {
                     let _ = r.reply.send(Err(e.clone()));
                 }
@@ -143,11 +153,77 @@ impl fmt::Debug for RedisBroker {
 use stagedoor_jobs::broker::Published;
 use stagedoor_jobs::broker::mask_url as mask;
 
-fn conn_err(e: redis::RedisError) -> BrokerError {
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
-        BrokerError::Connection(e.to_string())
-    } else {
-        BrokerError::Backend(e.to_string())
+/// The server's errors as the broker reports them, and when the last connection-level one
+/// was seen (shared by the broker's clones and its acknowledgement tasks).
+struct Errors {
+    /// The server's URL, password masked, for messages.
+    url: String,
+    /// When a connection-level error was last seen: reclaiming waits a whole lease after it.
+    last_connection_error: Mutex<Option<tokio::time::Instant>>,
+}
+
+/// Whether `e` is about reaching the server rather than about the command: the connection
+/// failed, was refused, dropped or timed out, or the server is not serving yet (`LOADING` its
+/// data after a restart, a Cluster `TRYAGAIN`, `CLUSTERDOWN` or `MASTERDOWN`).
+fn is_connection_level(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                        | ServerErrorKind::MasterDown
+                )
+        )
+        || matches!(
+            e.code(),
+            Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN")
+        )
+}
+
+/// Whether `e` is the refusal of a full server (`OOM command not allowed when used memory >
+/// 'maxmemory'`), from a command or from inside a script or a transaction.
+fn is_oom(e: &redis::RedisError) -> bool {
+    e.code() == Some("OOM") || e.to_string().contains("OOM command not allowed")
+}
+
+/// The message of [`BrokerError::Full`] for the server at `url`, refusing with `e`.
+fn full_message(url: &str, e: &redis::RedisError) -> String {
+    format!(
+        "Redis at `{url}` reached its `maxmemory` limit and, with the `noeviction` policy, refuses to store more ({e}). Workers keep draining it (reading, acknowledging, retrying and dead-lettering work while it is full), which frees memory; to publish again, free memory (delete or trim what is not needed), raise `maxmemory` (`CONFIG SET maxmemory ...` and in redis.conf), or let the workers drain the queues"
+    )
+}
+
+impl Errors {
+    /// The broker's error for `e`: [`BrokerError::Connection`] for a connection-level error
+    /// (recorded: see [`quiet_for`](Self::quiet_for)), [`BrokerError::Full`] for a full server,
+    /// [`BrokerError::Backend`] for anything else.
+    fn of(&self, e: redis::RedisError) -> BrokerError {
+        if is_connection_level(&e) {
+            *self
+                .last_connection_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(tokio::time::Instant::now());
+            BrokerError::Connection(e.to_string())
+        } else if is_oom(&e) {
+            BrokerError::Full(full_message(&self.url, &e))
+        } else {
+            BrokerError::Backend(e.to_string())
+        }
+    }
+
+    /// Whether no connection-level error was seen for `d` (or ever).
+    fn quiet_for(&self, d: Duration) -> bool {
+        self.last_connection_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none_or(|t| t.elapsed() >= d)
     }
 }
 
@@ -210,8 +286,14 @@ impl RedisBroker {
         Self {
             inner: Arc::new(Inner {
                 target,
+                errors: Arc::new(Errors {
+                    url: url_for_messages.clone(),
+                    last_connection_error: Mutex::new(None),
+                }),
                 url_for_messages,
                 conn: OnceCell::new(),
+                clock: Clock::system(),
+                allow_oom: AtomicBool::new(false),
                 blocking: tokio::sync::Mutex::new(HashMap::new()),
                 consumer,
                 housekeeping: Mutex::new(HashMap::new()),
@@ -219,7 +301,7 @@ impl RedisBroker {
                 acks: Mutex::new(HashMap::new()),
                 caps: Mutex::new(HashMap::new()),
             }),
-            lease: Duration::from_secs(30),
+            lease: DEFAULT_LEASE,
             max_deliveries: 3,
             namespace: String::new(),
         }
@@ -257,7 +339,11 @@ impl RedisBroker {
     }
 
     /// How long a delivery may go without being settled or renewed before another worker
-    /// reclaims it (default 30 s; the runtime renews every third of it).
+    /// reclaims it (default [`DEFAULT_LEASE`], 3 s). The runtime renews every delivery it
+    /// holds every third of it (1 s by default), from its claim until it is settled, so a
+    /// worker that dies gives its jobs back within about a lease while a live worker keeps
+    /// the jobs of its slow handlers however long they run. A longer lease only delays the
+    /// jobs of a dead worker; a shorter one needs renewals to reach the server that often.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -287,7 +373,7 @@ impl RedisBroker {
             for id in chunk {
                 pipe.cmd("XRANGE").arg(&keys.dead).arg(id).arg(id);
             }
-            let replies: Vec<Value> = pipe.query_async(&mut c).await.map_err(conn_err)?;
+            let replies: Vec<Value> = pipe.query_async(&mut c).await.map_err(|e| self.err(e))?;
             for (id, reply) in chunk
                 .iter()
                 .zip(replies.iter().chain(std::iter::repeat(&Value::Nil)))
@@ -331,8 +417,16 @@ impl RedisBroker {
             tracing::error!(task = %task, "the acknowledgement task had stopped: starting it again");
         }
         let (c, k, consumer) = (c.clone(), keys.clone(), self.inner.consumer.clone());
+        let (errors, allow_oom) = (Arc::clone(&self.inner.errors), self.allow_oom());
         let tx = stagedoor_jobs::supervise::spawn_consumer(task, move |rx| {
-            ack_loop(c.clone(), k.clone(), consumer.clone(), rx)
+            ack_loop(
+                c.clone(),
+                k.clone(),
+                consumer.clone(),
+                Arc::clone(&errors),
+                allow_oom,
+                rx,
+            )
         });
         acks.insert(keys.stream.clone(), tx.clone());
         tx
@@ -373,13 +467,59 @@ impl RedisBroker {
             .target
             .as_ref()
             .map_err(|e| BrokerError::Connection(e.clone()))?;
-        let c = target.connect().await.map_err(conn_err)?;
+        let c = target.connect().await.map_err(|e| self.err(e))?;
         map.insert(queue.to_owned(), c.clone());
         Ok(c)
     }
 
+    /// The time now on the broker's clock (the server's, once the runtime has synced it).
     fn now(&self) -> DateTime<Utc> {
-        Utc::now()
+        self.inner.clock.now()
+    }
+
+    /// The broker's error for the server's error `e` (a connection-level one is recorded).
+    fn err(&self, e: redis::RedisError) -> BrokerError {
+        self.inner.errors.of(e)
+    }
+
+    /// Makes the delayed mover of `queue` look by `due` (read at `now` on the broker's clock):
+    /// a delayed job just published may be due before its next look.
+    fn look_for_due_by(&self, queue: &str, due: DateTime<Utc>, now: DateTime<Utc>) {
+        if let Some(h) = self
+            .inner
+            .housekeeping
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_mut(queue)
+        {
+            let at = tokio::time::Instant::now() + (due - now).to_std().unwrap_or_default();
+            h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
+        }
+    }
+
+    /// Whether the scripts run with `allow-oom` (the server is Redis 7 or later).
+    fn allow_oom(&self) -> bool {
+        self.inner.allow_oom.load(Ordering::Relaxed)
+    }
+
+    /// Whether `keys`' stream has the consumer group (`XINFO GROUPS`, which a full server
+    /// answers); `false` when that cannot be told.
+    async fn group_exists(&self, keys: &Keys) -> bool {
+        let Ok(mut c) = self.conn() else {
+            return false;
+        };
+        let groups: Value = match cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&keys.stream)
+            .query_async(&mut c)
+            .await
+        {
+            Ok(v) => v,
+            Err(_) => return false,
+        };
+        value::array(&groups)
+            .iter()
+            .any(|g| entry::text(&value::fields(g), "name").as_deref() == Some(GROUP))
     }
 
     /// The fields of the dead letter of an entry with `fields`: every field it had, then its
@@ -431,6 +571,7 @@ impl RedisBroker {
         let job = entry::text(fields, "job_id").unwrap_or_default();
         let mut c = self.conn()?;
         let reply: Vec<i64> = scripts::DEAD
+            .pick(self.allow_oom())
             .key(&keys.stream)
             .key(&keys.dead)
             .key(&keys.ids)
@@ -443,7 +584,7 @@ impl RedisBroker {
             .arg(entry::flat(&f))
             .invoke_async(&mut c)
             .await
-            .map_err(conn_err)?;
+            .map_err(|e| self.err(e))?;
         self.note_trimmed(&keys.dead, reply.get(1).copied().unwrap_or(0));
         Ok(reply.first() == Some(&1))
     }
@@ -452,29 +593,31 @@ impl RedisBroker {
     async fn move_due(&self, keys: &Keys) -> Result<Option<DateTime<Utc>>, BrokerError> {
         let mut c = self.conn()?;
         let token = &self.inner.consumer;
-        let got: Option<String> = cmd("SET")
-            .arg(&keys.mover)
+        // Through a script, which a full server runs too (a plain `SET NX` it refuses): moving
+        // due jobs goes on while the workers drain it.
+        let got: i64 = scripts::TAKE_LOCK
+            .pick(self.allow_oom())
+            .key(&keys.mover)
             .arg(token)
-            .arg("NX")
-            .arg("PX")
             .arg(5_000)
-            .query_async(&mut c)
+            .invoke_async(&mut c)
             .await
-            .map_err(conn_err)?;
-        if got.is_none() {
+            .map_err(|e| self.err(e))?;
+        if got != 1 {
             // Another worker is moving; look again soon.
             return Ok(Some(self.now() + chrono::Duration::milliseconds(250)));
         }
         let result = async {
             loop {
                 let reply: Value = scripts::MOVE_DUE
+                    .pick(self.allow_oom())
                     .key(&keys.delayed)
                     .key(&keys.stream)
                     .arg(ms(self.now()))
                     .arg(MOVE_BATCH)
                     .invoke_async(&mut c)
                     .await
-                    .map_err(conn_err)?;
+                    .map_err(|e| self.err(e))?;
                 let parts = value::array(&reply);
                 let moved = parts.first().and_then(value::int).unwrap_or(0);
                 let next = parts
@@ -503,6 +646,7 @@ impl RedisBroker {
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
         let mut c = self.conn()?;
         let reply: redis::RedisResult<Value> = scripts::RECLAIM
+            .pick(self.allow_oom())
             .key(&keys.stream)
             .key(&keys.dead)
             .key(&keys.ids)
@@ -526,7 +670,7 @@ impl RedisBroker {
                 self.prepare(&keys.name).await?;
                 return Ok(Vec::new());
             }
-            Err(e) => return Err(conn_err(e)),
+            Err(e) => return Err(self.err(e)),
         };
         // {entries to run, dead-stream entries trimmed by the dead letters it made}
         let (items, trimmed) = match value::array(&reply) {
@@ -700,11 +844,12 @@ impl Broker for RedisBroker {
             .inner
             .conn
             .get_or_try_init(|| async {
-                target.connect().await.map_err(|e| {
-                    BrokerError::Connection(format!(
+                target.connect().await.map_err(|e| match self.err(e) {
+                    BrokerError::Connection(e) => BrokerError::Connection(format!(
                         "cannot reach Redis at `{}`: {e}: check the URL and that the server is running",
                         self.inner.url_for_messages
-                    ))
+                    )),
+                    other => other,
                 })
             })
             .await?;
@@ -714,7 +859,7 @@ impl Broker for RedisBroker {
             .arg("server")
             .query_async(&mut c)
             .await
-            .map_err(conn_err)?;
+            .map_err(|e| self.err(e))?;
         let texts: Vec<String> = match &info {
             Value::Map(m) => m.iter().filter_map(|(_, v)| value::string(v)).collect(),
             other => value::string(other).into_iter().collect(),
@@ -747,6 +892,8 @@ impl Broker for RedisBroker {
                 self.inner.url_for_messages
             )));
         }
+        // Script flags (`#!lua flags=allow-oom`) came with Redis 7.
+        self.inner.allow_oom.store(major >= 7, Ordering::Relaxed);
         Ok(())
     }
 
@@ -800,7 +947,11 @@ impl Broker for RedisBroker {
         match r {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("BUSYGROUP") => Ok(()),
-            Err(e) => Err(conn_err(e)),
+            // A full server refuses `XGROUP CREATE` even when the group exists (the command may
+            // grow its memory, so it is refused before it looks): a group that exists is all a
+            // worker needs, and it drains the full server like any other.
+            Err(e) if is_oom(&e) && self.group_exists(&keys).await => Ok(()),
+            Err(e) => Err(self.err(e)),
         }
     }
 
@@ -826,8 +977,15 @@ impl Broker for RedisBroker {
         let mut out = Vec::new();
         let mut next_delayed = hk.next_delayed;
         let mut reclaimed_at = hk.reclaimed_at;
-        // Entries whose workers went quiet past the lease, every quarter lease.
-        if reclaimed_at.is_none_or(|t| now.duration_since(t) >= self.lease / 4) {
+        // Entries whose workers went quiet past the lease, every quarter lease; but not until
+        // this broker has talked to the server for a whole lease without a connection error:
+        // after an outage (a server restarting, a network cut) every lease looks lapsed, and
+        // the workers holding those entries renew them within a third of a lease of the server
+        // answering again. Reclaiming sooner would run their jobs twice. Fresh entries are
+        // read at once all the same.
+        if reclaimed_at.is_none_or(|t| now.duration_since(t) >= self.lease / 4)
+            && self.inner.errors.quiet_for(self.lease)
+        {
             reclaimed_at = Some(now);
             out = self.reclaim(&keys, max).await?;
         }
@@ -883,7 +1041,7 @@ impl Broker for RedisBroker {
                 self.prepare(queue).await?;
                 Value::Nil
             }
-            Err(e) => return Err(conn_err(e)),
+            Err(e) => return Err(self.err(e)),
         };
         for (id, fields) in value::read_reply(&reply) {
             if let Some(d) = self.delivery(&keys, id, fields, 1).await? {
@@ -897,6 +1055,7 @@ impl Broker for RedisBroker {
         let keys = self.keys(queue);
         let mut c = self.conn()?;
         let r: i64 = scripts::RENEW
+            .pick(self.allow_oom())
             .key(&keys.stream)
             .arg(GROUP)
             .arg(&self.inner.consumer)
@@ -904,7 +1063,7 @@ impl Broker for RedisBroker {
             .arg(receipt.deliveries)
             .invoke_async(&mut c)
             .await
-            .map_err(conn_err)?;
+            .map_err(|e| self.err(e))?;
         Ok(r == 1)
     }
 
@@ -958,6 +1117,7 @@ impl Broker for RedisBroker {
                     ms(self.now() + stagedoor_jobs::broker::chrono_duration(delay)).max(1)
                 };
                 let n: i64 = scripts::RETRY
+                    .pick(self.allow_oom())
                     .key(&keys.stream)
                     .key(&keys.delayed)
                     .arg(GROUP)
@@ -969,7 +1129,7 @@ impl Broker for RedisBroker {
                     .arg(entry::flat(&fields))
                     .invoke_async(&mut c)
                     .await
-                    .map_err(conn_err)?;
+                    .map_err(|e| self.err(e))?;
                 if n == 1 && due > 0 {
                     // The mover should look by then.
                     let at = tokio::time::Instant::now() + delay;
@@ -1026,7 +1186,7 @@ impl Broker for RedisBroker {
                     .arg(args)
                     .invoke_async(&mut c)
                     .await
-                    .map_err(conn_err)?,
+                    .map_err(|e| self.err(e))?,
             ]
         } else {
             // Several calls in one transaction (`MULTI` ... `EXEC`), sent in one round trip:
@@ -1047,7 +1207,7 @@ impl Broker for RedisBroker {
                     .arg(&keys.ids)
                     .arg(args);
             }
-            pipe.query_async(&mut c).await.map_err(conn_err)?
+            pipe.query_async(&mut c).await.map_err(|e| self.err(e))?
         };
         // The script reports the 1-based positions (within its call) of the jobs whose id was
         // already in the queue or earlier in the batch; every other job was stored.
@@ -1083,15 +1243,78 @@ impl Broker for RedisBroker {
                 Published::new(envelope.id().clone(), stored)
             })
             .collect();
-        if jobs.iter().any(|(_, at)| at.is_some_and(|t| t > now)) {
-            // A delayed job may be due before the mover's next look.
-            if let Some(h) = self.inner.housekeeping.lock().expect("lock").get_mut(queue) {
-                let soonest = jobs.iter().filter_map(|(_, at)| *at).min().unwrap_or(now);
-                let at = tokio::time::Instant::now() + (soonest - now).to_std().unwrap_or_default();
-                h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
-            }
+        if let Some(soonest) = jobs
+            .iter()
+            .filter_map(|(_, at)| *at)
+            .filter(|t| *t > now)
+            .min()
+        {
+            self.look_for_due_by(queue, soonest, now);
         }
         Ok(published)
+    }
+
+    /// One script: when the guard's key (`{<queue>}:once:<guard>`,
+    /// in the queue's hash slot) exists nothing is stored; otherwise the guard is set for
+    /// `ttl` and the job published as [`publish`](Broker::publish) does (its id once, to the
+    /// delayed set when it is due later), in the same step. A full server refuses it whole.
+    async fn publish_once(
+        &self,
+        queue: &str,
+        job: (Envelope, Option<DateTime<Utc>>),
+        guard: &str,
+        ttl: Duration,
+    ) -> Result<Published, BrokerError> {
+        let mut c = self.conn()?;
+        let keys = self.keys(queue);
+        let now = self.now();
+        let id = job.0.id().clone();
+        let at = job.1;
+        let jobs = [job];
+        let Some((_, args)) = publish_chunks(&jobs, now).pop() else {
+            return Err(BrokerError::Backend(format!(
+                "publish_once to `{queue}`: the job made no script arguments"
+            )));
+        };
+        let n: i64 = scripts::PUBLISH_ONCE
+            .key(&keys.stream)
+            .key(&keys.delayed)
+            .key(&keys.ids)
+            .key(keys.once(guard))
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1))
+            .arg(args)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        match n {
+            1 => {
+                if let Some(t) = at.filter(|t| *t > now) {
+                    self.look_for_due_by(queue, t, now);
+                }
+                Ok(Published::stored(id))
+            }
+            0 => {
+                stagedoor_jobs::broker::log_not_stored(queue, &id);
+                Ok(Published::already_there(id))
+            }
+            _ => Ok(Published::already_there(id)),
+        }
+    }
+
+    async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
+        let mut c = self.conn()?;
+        let (secs, micros): (i64, i64) = cmd("TIME")
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        let nanos = u32::try_from(micros.clamp(0, 999_999) * 1_000).unwrap_or(0);
+        match DateTime::<Utc>::from_timestamp(secs, nanos) {
+            Some(t) => Ok(Some(t)),
+            None => Err(BrokerError::Backend(format!(
+                "Redis at `{}` answered TIME with {secs} s {micros} µs, not a time",
+                self.inner.url_for_messages
+            ))),
+        }
     }
 
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
@@ -1104,7 +1327,7 @@ impl Broker for RedisBroker {
             .arg(ttl.as_millis().max(1) as u64)
             .query_async(&mut c)
             .await
-            .map_err(conn_err)?;
+            .map_err(|e| self.err(e))?;
         Ok(got.is_some())
     }
 
@@ -1114,7 +1337,7 @@ impl Broker for RedisBroker {
             .arg(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
             .query_async(&mut c)
             .await
-            .map_err(conn_err)?;
+            .map_err(|e| self.err(e))?;
         Ok(v.and_then(DateTime::<Utc>::from_timestamp_millis))
     }
 
@@ -1125,7 +1348,7 @@ impl Broker for RedisBroker {
             .arg(ms(tick))
             .invoke_async(&mut c)
             .await
-            .map_err(conn_err)?;
+            .map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -1136,7 +1359,7 @@ impl Broker for RedisBroker {
             .arg(token)
             .invoke_async(&mut c)
             .await
-            .map_err(conn_err)?;
+            .map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -1168,7 +1391,7 @@ impl Broker for RedisBroker {
                     .await
             }
         }
-        .map_err(conn_err)?;
+        .map_err(|e| self.err(e))?;
         Ok(value::entries(&reply)
             .into_iter()
             .map(|(id, f)| self.dead_letter_of(dead, id, &f))
@@ -1194,7 +1417,7 @@ impl Broker for RedisBroker {
                 .arg("+")
                 .query_async(&mut c)
                 .await
-                .map_err(conn_err)?;
+                .map_err(|e| self.err(e))?;
             all = value::entries(&reply);
         }
         for d in letters {
@@ -1249,7 +1472,7 @@ impl Broker for RedisBroker {
             for d in chunk {
                 x.arg(&d.id);
             }
-            let deleted: i64 = x.query_async(&mut c).await.map_err(conn_err)?;
+            let deleted: i64 = x.query_async(&mut c).await.map_err(|e| self.err(e))?;
             n += deleted as u64;
         }
         Ok(n)
@@ -1263,7 +1486,7 @@ impl Broker for RedisBroker {
                 .arg(&keys.stream)
                 .query_async(&mut c)
                 .await
-                .map_err(conn_err)?;
+                .map_err(|e| self.err(e))?;
             return Ok(QueueStats {
                 ready: len.max(0) as u64,
                 ..QueueStats::default()
@@ -1294,19 +1517,19 @@ impl Broker for RedisBroker {
                     .arg(&keys.delayed)
                     .query_async(&mut c)
                     .await
-                    .map_err(conn_err)?;
+                    .map_err(|e| self.err(e))?;
                 let len: i64 = cmd("XLEN")
                     .arg(&keys.stream)
                     .query_async(&mut c)
                     .await
-                    .map_err(conn_err)?;
+                    .map_err(|e| self.err(e))?;
                 return Ok(QueueStats {
                     ready: len.max(0) as u64,
                     delayed: delayed.max(0) as u64,
                     ..QueueStats::default()
                 });
             }
-            Err(e) => return Err(conn_err(e)),
+            Err(e) => return Err(self.err(e)),
         };
         let len = replies.first().and_then(value::int).unwrap_or(0).max(0) as u64;
         let pending = replies
@@ -1337,7 +1560,7 @@ impl Broker for RedisBroker {
                 .arg(1)
                 .query_async(&mut c)
                 .await
-                .map_err(conn_err)?;
+                .map_err(|e| self.err(e))?;
             if let Some((id, _)) = value::entries(&reply).first() {
                 let added: i64 = id
                     .split('-')
@@ -1374,7 +1597,7 @@ impl Broker for RedisBroker {
                 .arg("stream")
                 .query_async(&mut c)
                 .await
-                .map_err(conn_err)?;
+                .map_err(|e| self.err(e))?;
             for k in keys {
                 if let Some(rest) = k.strip_prefix('{')
                     && let Some(end) = rest.find('}')
@@ -1402,7 +1625,7 @@ impl Broker for RedisBroker {
             .arg(&keys.dead)
             .query_async(&mut c)
             .await
-            .map_err(conn_err)?;
+            .map_err(|e| self.err(e))?;
         Ok(len.max(0) as u64)
     }
 
@@ -1414,8 +1637,10 @@ impl Broker for RedisBroker {
         self.lease
     }
 
+    /// The broker's one clock (clones share it and the offset the runtime measures against
+    /// the server's `TIME`).
     fn clock(&self) -> Clock {
-        Clock::system()
+        self.inner.clock.clone()
     }
 
     async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
@@ -1501,5 +1726,95 @@ mod publish_chunks_tests {
             1,
             "one job at least"
         );
+    }
+}
+
+#[cfg(test)]
+mod error_tests {
+    use super::*;
+
+    fn errors() -> Errors {
+        Errors {
+            url: "redis://127.0.0.1:6379/".to_owned(),
+            last_connection_error: Mutex::new(None),
+        }
+    }
+
+    /// The error the server answers with `line` (`-LOADING ...`).
+    fn server(line: &str) -> redis::RedisError {
+        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
+            .and_then(Value::extract_error)
+        {
+            Err(e) => e,
+            Ok(v) => panic!("{line} parsed as {v:?}"),
+        }
+    }
+
+    #[test]
+    fn a_server_that_is_not_serving_yet_is_a_connection_error_and_recorded() {
+        for line in [
+            "LOADING Redis is loading the dataset in memory",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "CLUSTERDOWN The cluster is down",
+            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        ] {
+            let errors = errors();
+            assert!(errors.quiet_for(Duration::from_secs(3)), "nothing seen yet");
+            let e = errors.of(server(line));
+            assert!(matches!(e, BrokerError::Connection(_)), "{line}: {e:?}");
+            assert!(e.is_transient());
+            assert!(
+                !errors.quiet_for(Duration::from_secs(3)),
+                "{line}: recorded as a connection error"
+            );
+        }
+        let errors = errors();
+        let refused =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(matches!(errors.of(refused), BrokerError::Connection(_)));
+        assert!(!errors.quiet_for(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn a_full_server_is_full_and_its_message_names_the_limit_and_the_fix() {
+        let errors = errors();
+        for line in [
+            "OOM command not allowed when used memory > 'maxmemory'.",
+            "OOM command not allowed when used memory > 'maxmemory'. script: f3e1806f0d221e3a5ee5b01a76c9452670f10024, on @user_script:1.",
+        ] {
+            let e = errors.of(server(line));
+            let BrokerError::Full(text) = &e else {
+                panic!("{line}: {e:?}")
+            };
+            for word in [
+                "maxmemory",
+                "noeviction",
+                "free memory",
+                "drain",
+                "127.0.0.1:6379",
+            ] {
+                assert!(text.contains(word), "names {word}: {text}");
+            }
+            assert!(e.is_transient());
+            assert!(e.to_string().starts_with("the server is full"), "{e}");
+        }
+        assert!(
+            errors.quiet_for(Duration::from_secs(3)),
+            "a full server is no connection error"
+        );
+    }
+
+    #[test]
+    fn other_errors_are_the_backends() {
+        let errors = errors();
+        for line in [
+            "WRONGTYPE Operation against a key holding the wrong kind of value",
+            "NOGROUP No such key 'x' or consumer group 'g'",
+            "ERR unknown command",
+        ] {
+            let e = errors.of(server(line));
+            assert!(matches!(e, BrokerError::Backend(_)), "{line}: {e:?}");
+        }
+        assert!(errors.quiet_for(Duration::from_secs(3)));
     }
 }

@@ -8,6 +8,7 @@
 //! | | `{jobs}:delayed` | delayed jobs and retries, scored by due time (ms) |
 //! | | `{jobs}:ids` | the ids of the jobs in the queue, so one is not added twice |
 //! | | `{jobs}:mover` | the lock of the delayed mover |
+//! | | `{jobs}:once:<guard>` | a scheduler tick's guard ([`Broker::publish_once`](stagedoor_jobs::Broker::publish_once)) |
 
 /// The keys of one queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +19,8 @@ pub(crate) struct Keys {
     pub(crate) delayed: String,
     pub(crate) ids: String,
     pub(crate) mover: String,
+    /// The hash tag every key above starts with (`{jobs}`).
+    tag: String,
 }
 
 /// The suffix of a dead stream's name.
@@ -41,7 +44,15 @@ impl Keys {
             delayed: format!("{tag}:delayed"),
             ids: format!("{tag}:ids"),
             mover: format!("{tag}:mover"),
+            tag,
         }
+    }
+
+    /// The key of guard `guard` of [`Broker::publish_once`](stagedoor_jobs::Broker::publish_once)
+    /// on this queue: in the queue's hash slot, so the guard and the job it publishes are one
+    /// script on one node of a Redis Cluster.
+    pub(crate) fn once(&self, guard: &str) -> String {
+        format!("{}:once:{guard}", self.tag)
     }
 
     /// Whether `name` is a dead stream.
@@ -65,5 +76,10 @@ mod tests {
         assert_eq!(d.stream, "{jobs}:dead");
         assert_eq!(d.dead, "{jobs}:dead");
         assert!(Keys::is_dead("jobs:dead") && !Keys::is_dead("jobs"));
+        assert_eq!(
+            Keys::of("t1:", "jobs").once("sched:a:{b}:1"),
+            "{t1:jobs}:once:sched:a:{b}:1",
+            "a guard shares the queue's tag, whatever braces it holds"
+        );
     }
 }

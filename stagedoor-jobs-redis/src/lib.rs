@@ -17,8 +17,20 @@
 //! | delayed jobs and retries (score: due, ms) | `{jobs}:delayed` | `ZRANGE {jobs}:delayed 0 -1 WITHSCORES` |
 //! | ids of the jobs in the queue | `{jobs}:ids` | `SCARD {jobs}:ids` |
 //! | the delayed mover's lock | `{jobs}:mover` | `GET {jobs}:mover` |
+//! | a scheduler tick's guard | `{jobs}:once:<guard>` | `SCAN 0 MATCH {jobs}:once:*` |
 //!
 //! The dead letter of a mount on `jobs` is `jobs:dead`.
+//!
+//! ## Leases, outages, a full server
+//!
+//! A claim holds an entry for a lease of 3 s by default
+//! ([`DEFAULT_LEASE`](stagedoor_jobs::broker::DEFAULT_LEASE)), renewed by the runtime every
+//! second until the delivery is settled; entries idle past it are reclaimed (XAUTOCLAIM),
+//! except after a connection error, until the broker has talked to the server for a whole
+//! lease without one (the holders renew first). A full server (`maxmemory`, `noeviction`)
+//! refuses publishing with [`BrokerError::Full`](stagedoor_jobs::BrokerError::Full) while
+//! workers go on draining it: on Redis 7 the scripts that settle, reclaim and move jobs run
+//! with `allow-oom`.
 
 mod broker;
 mod conn;

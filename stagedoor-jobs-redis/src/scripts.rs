@@ -2,10 +2,43 @@
 //! so it happens atomically on the server. Every key a script touches shares the queue's hash
 //! tag (Redis Cluster runs it on one node). No script unpacks an unbounded set: batches and
 //! field lists are bounded.
+//!
+//! A full server (`maxmemory` reached with the `noeviction` policy) refuses every command that
+//! may grow its memory, and a script whose first such command is refused does nothing. The
+//! scripts that settle, reclaim or move a job ([`OomScript`]) carry `#!lua flags=allow-oom` on
+//! Redis 7 and later, so that a worker keeps draining a full server (draining is what frees its
+//! memory); the scripts that add a job (publish, replay) do not, and are refused while it is
+//! full. Redis 6.2 knows no script flags: there the plain text runs.
 
 use std::sync::LazyLock;
 
 use redis::Script;
+
+/// A script in two texts: with `#!lua flags=allow-oom` (Redis 7 and later: it runs on a full
+/// server) and without (Redis 6.2, which has no script flags). The broker picks by the version
+/// it found at connect.
+pub(crate) struct OomScript {
+    plain: Script,
+    allow_oom: Script,
+}
+
+impl OomScript {
+    fn new(body: &str) -> Self {
+        Self {
+            plain: Script::new(body),
+            allow_oom: Script::new(&format!("#!lua flags=allow-oom\n{body}")),
+        }
+    }
+
+    /// The text to run: with the flag when the server knows script flags.
+    pub(crate) fn pick(&self, allow_oom: bool) -> &Script {
+        if allow_oom {
+            &self.allow_oom
+        } else {
+            &self.plain
+        }
+    }
+}
 
 /// Whether a delivery is still this consumer's, with the delivery count it was claimed with
 /// (a reclaim by another worker changes both).
@@ -16,8 +49,8 @@ local function owned(stream, group, consumer, id, deliveries)
 end
 ";
 
-fn with_owned(body: &str) -> Script {
-    Script::new(&format!("{OWNED}\n{body}"))
+fn with_owned(body: &str) -> OomScript {
+    OomScript::new(&format!("{OWNED}\n{body}"))
 }
 
 /// Most deliveries one [`ACK_MANY`] call acknowledges.
@@ -28,7 +61,7 @@ pub(crate) const ACK_BATCH: usize = 256;
 /// `XACK`, one `XDEL` and one `SREM` for the batch. KEYS: stream, ids. ARGV: group, consumer, then
 /// `id, deliveries, job_id` per delivery. Returns 1 or 0 per delivery, in order; each is fenced
 /// on its own consumer and delivery count.
-pub(crate) static ACK_MANY: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static ACK_MANY: LazyLock<OomScript> = LazyLock::new(|| {
     with_owned(
         r"
 local out, ids, jobs = {}, {}, {}
@@ -56,7 +89,7 @@ return out
 /// KEYS: stream, delayed. ARGV: group, consumer, id, deliveries, due_ms ('0': now), member,
 /// fields... The job is re-added (to the stream at once, or to the delayed set) and the
 /// delivery acknowledged, in one step.
-pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static RETRY: LazyLock<OomScript> = LazyLock::new(|| {
     with_owned(
         r"
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
@@ -74,7 +107,7 @@ return 1
 
 /// KEYS: stream, dead, ids. ARGV: group, consumer, id, deliveries, job_id, maxlen, fields...
 /// Returns {settled, trimmed}.
-pub(crate) static DEAD: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static DEAD: LazyLock<OomScript> = LazyLock::new(|| {
     with_owned(
         r"
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return {0, 0} end
@@ -90,7 +123,7 @@ return {1, before + 1 - after}
 });
 
 /// KEYS: stream. ARGV: group, consumer, id, deliveries. Resets the entry's idle time.
-pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+pub(crate) static RENEW: LazyLock<OomScript> = LazyLock::new(|| {
     with_owned(
         r"
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
@@ -129,10 +162,51 @@ end
 return skipped
 ";
 
+/// KEYS: stream, delayed, ids, guard. ARGV: ttl_ms, then one job as [`PUBLISH`] takes it
+/// (`job_id, due_ms ('0': now), n` and `n` items). When `guard` exists nothing happens and the
+/// answer is -1. Otherwise the job is published as [`PUBLISH`] does and the guard set (for
+/// `ttl_ms`), in the same step: 1 when the job was stored, 0 when its id was in the queue
+/// already (the guard is set all the same). A script that fails half-way is not undone, so
+/// every command that can fail (a key of the wrong type, a full server refusing the first
+/// write) comes before the first write: a failed call leaves nothing, the guard included, and
+/// the tick can be enqueued again.
+pub(crate) static PUBLISH_ONCE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
+local stored = 0
+if redis.call('SISMEMBER', KEYS[3], ARGV[2]) == 0 then
+  local n = tonumber(ARGV[4])
+  if ARGV[3] == '0' then
+    redis.call('XADD', KEYS[1], '*', unpack(ARGV, 5, 4 + n))
+  else
+    redis.call('ZADD', KEYS[2], ARGV[3], ARGV[5])
+  end
+  redis.call('SADD', KEYS[3], ARGV[2])
+  stored = 1
+end
+redis.call('SET', KEYS[4], '1', 'PX', ARGV[1])
+return stored
+",
+    )
+});
+
+/// KEYS: lock. ARGV: token, ttl_ms. Takes the lock (`SET NX PX`) if nobody holds it; 1 when
+/// taken. A script so that it runs on a full server too (the delayed mover's lock: moving due
+/// jobs must go on while the server is full).
+pub(crate) static TAKE_LOCK: LazyLock<OomScript> = LazyLock::new(|| {
+    OomScript::new(
+        r"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+",
+    )
+});
+
 /// KEYS: delayed, stream. ARGV: now_ms, batch. Moves up to `batch` due jobs to the stream,
 /// each add and remove together. Returns {moved, next due score or false}.
-pub(crate) static MOVE_DUE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static MOVE_DUE: LazyLock<OomScript> = LazyLock::new(|| {
+    OomScript::new(
         r"
 local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
 for _, m in ipairs(due) do
@@ -154,8 +228,8 @@ return {#due, nxt[2] or false}
 /// before, so these trims were missing from `RedisBroker::trimmed()` and the log). An entry
 /// whose `attempts` field is not a whole number is returned as it is: the broker dead-letters
 /// it as malformed, naming the field.
-pub(crate) static RECLAIM: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+pub(crate) static RECLAIM: LazyLock<OomScript> = LazyLock::new(|| {
+    OomScript::new(
         r"
 local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
 local out = {}

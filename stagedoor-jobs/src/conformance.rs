@@ -153,6 +153,7 @@ macro_rules! conformance_tests {
             a_job_that_cannot_be_read_is_dead_lettered_alone
             dead_letter_reports_attempts_spent
             uncapped_mount_retries_no_faster_than_the_floor
+            publish_once_stores_a_job_once_per_guard
         );
     };
     ($fixture:expr $(,)?) => {
@@ -2418,4 +2419,102 @@ pub async fn uncapped_mount_retries_no_faster_than_the_floor<F: Fixture>(fixture
         );
     }
     app.stop().await;
+}
+
+/// Publishes message `n` of id `id` to `queue` through [`Broker::publish_once`] with `guard`,
+/// due `after` from now (`None`: now).
+async fn publish_once_n<B: Broker>(
+    broker: &B,
+    queue: &str,
+    (n, id): (u64, &JobId),
+    after: Option<Duration>,
+    guard: &str,
+) -> crate::broker::Published {
+    let mut j = job(queue, n).id(id.clone());
+    if let Some(d) = after {
+        j = j.after(d);
+    }
+    let (q, envelope, at) = j.into_parts(broker.clock().now());
+    broker
+        .publish_once(&q, (envelope, at), guard, Duration::from_secs(3600))
+        .await
+        .unwrap_or_else(|e| panic!("publish_once of message {n}: {e}"))
+}
+
+/// [`Broker::publish_once`] (how the scheduler enqueues a tick) takes its guard and publishes
+/// its job in one step: a second call with the same guard stores nothing, even a job of
+/// another id, and reports it as already there; a call with another guard publishes again; a
+/// job due later waits delayed as any other; a job whose id is already in the queue is not
+/// stored twice, whatever its guard.
+pub async fn publish_once_stores_a_job_once_per_guard<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_publish_once";
+    let direct = connected(&fixture.broker().await).await;
+    direct.prepare(Q).await.expect("prepare");
+    // Guards of their own: a shared server keeps them after the test.
+    let run = JobId::new();
+    let (tick_1, tick_2, tick_3, tick_4) = (
+        format!("cf-once:{run}:1"),
+        format!("cf-once:{run}:2"),
+        format!("cf-once:{run}:3"),
+        format!("cf-once:{run}:4"),
+    );
+    let ids: Vec<JobId> = (0..5)
+        .map(|i| JobId::from_string(format!("cf-once-{run}-{i}")))
+        .collect();
+
+    let first = publish_once_n(&direct, Q, (1, &ids[0]), None, &tick_1).await;
+    assert_eq!(
+        (first.id(), first.is_stored()),
+        (&ids[0], true),
+        "the first"
+    );
+    let again = publish_once_n(&direct, Q, (2, &ids[1]), None, &tick_1).await;
+    assert_eq!(
+        (again.id(), again.is_stored()),
+        (&ids[1], false),
+        "the same guard again, another job id: nothing stored"
+    );
+    let other = publish_once_n(&direct, Q, (3, &ids[2]), None, &tick_2).await;
+    assert_eq!(
+        (other.id(), other.is_stored()),
+        (&ids[2], true),
+        "another guard publishes"
+    );
+    let stats = direct.stats(Q).await.expect("stats");
+    assert_eq!(
+        (stats.ready, stats.delayed),
+        (2, 0),
+        "two jobs stored, one per guard: {stats:?}"
+    );
+
+    let later = publish_once_n(
+        &direct,
+        Q,
+        (4, &ids[3]),
+        Some(Duration::from_secs(3600)),
+        &tick_3,
+    )
+    .await;
+    assert!(later.is_stored(), "a job due later is stored");
+    let later_again = publish_once_n(
+        &direct,
+        Q,
+        (5, &ids[4]),
+        Some(Duration::from_secs(3600)),
+        &tick_3,
+    )
+    .await;
+    assert!(!later_again.is_stored(), "its guard holds as well");
+    let known = publish_once_n(&direct, Q, (6, &ids[0]), None, &tick_4).await;
+    assert_eq!(
+        (known.id(), known.is_stored()),
+        (&ids[0], false),
+        "an id already in the queue is not stored again under a new guard"
+    );
+    let stats = direct.stats(Q).await.expect("stats");
+    assert_eq!(
+        (stats.ready, stats.delayed),
+        (2, 1),
+        "two jobs ready and one delayed, nothing more: {stats:?}"
+    );
 }

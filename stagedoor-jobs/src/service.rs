@@ -63,8 +63,9 @@ pub enum ServiceError {
         /// The hook's error.
         source: BoxError,
     },
-    /// A broker could not connect.
-    #[error("the {backend} broker could not connect: {source}")]
+    /// A broker could not connect, or its server refused to prepare the queues (a full Redis
+    /// says it is full, not that it could not connect).
+    #[error("the {backend} broker {}: {source}", connect_failure(.source))]
     Connect {
         /// The backend.
         backend: &'static str,
@@ -85,6 +86,15 @@ pub enum ServiceError {
         /// Its last error.
         error: String,
     },
+}
+
+/// What a [`ServiceError::Connect`] says happened: a server that answered but is full is
+/// reached, and says so.
+fn connect_failure(e: &BrokerError) -> &'static str {
+    match e {
+        BrokerError::Full(_) => "cannot start",
+        _ => "could not connect",
+    }
 }
 
 fn list(problems: &[Problem]) -> String {
