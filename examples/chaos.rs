@@ -205,7 +205,7 @@ struct Row {
     /// Kill scenario: jobs the killed processes held at their kills.
     bound: Option<u64>,
     kills: u32,
-    /// Seconds from the last kill to drained.
+    /// Seconds from the last kill of a worker that held jobs to drained.
     last_kill_to_drained: Option<f64>,
     /// Seconds from the restart command to the server's first answer.
     outage: Option<f64>,
@@ -873,7 +873,11 @@ async fn run(args: RunArgs) -> Res<Row> {
                     let held = p.started.intersection(&claimed).count() as u64;
                     bound += held;
                     row.kills += 1;
-                    last_kill = Some(killed_at);
+                    // Recovery is timed from the last kill that took jobs down with it: a
+                    // worker killed holding nothing leaves nothing to recover.
+                    if held > 0 {
+                        last_kill = Some(killed_at);
+                    }
                     next_kill = killed_at + KILL_EVERY;
                     println!(
                         "  {:>5.2}s kill {}: SIGKILL worker {} (pid {pid}), which held {held} started, unacknowledged jobs; {} of {} done",
@@ -1027,7 +1031,7 @@ async fn run(args: RunArgs) -> Res<Row> {
         row.dead,
         row.total,
         match (row.last_kill_to_drained, row.answer_to_drained) {
-            (Some(k), _) => format!(", last kill to drained {k:.2}s"),
+            (Some(k), _) => format!(", last kill holding jobs to drained {k:.2}s"),
             (_, Some(a)) => format!(", server answer to drained {a:.2}s"),
             _ => String::new(),
         }
@@ -1147,7 +1151,8 @@ fn report(rows: &[Row]) -> Vec<String> {
     println!(
         "Lost: jobs never run to their end. Duplicate runs: handler starts beyond a job's first; \
          a kill loop's bound is the jobs the killed workers held (started, and still claimed in \
-         the backend right after the kill). Outage: restart command to the server's first answer \
+         the backend right after the kill). Last kill → drained: from the last kill of a worker \
+         that held jobs. Outage: restart command to the server's first answer \
          (PING / SELECT 1 every 50 ms); resume: that answer to the first job acknowledged after \
          it. Total: from the workers' start to drained."
     );
