@@ -670,17 +670,24 @@ impl<B: Broker> Worker<B> {
         let every = (self.broker.lease() / 3).max(MIN_RENEW_EVERY);
         let (done_tx, mut done_rx) = watch::channel(false);
         let renew = async {
+            // A server away fails every renewal of every delivery: one line per delivery for
+            // the first failure of a streak, the rest at debug level.
+            let mut failing = false;
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(every) => {}
                     _ = done_rx.changed() => return,
                 }
                 match self.broker.renew(&self.queue.name, &delivery.receipt).await {
-                    Ok(true) => {}
+                    Ok(true) => failing = false,
                     Ok(false) => tracing::warn!(
                         "lease lost while the handler runs: another worker may run this job; this worker's outcome will be discarded"
                     ),
-                    Err(e) => tracing::warn!(error = %e, "could not renew the lease"),
+                    Err(e) if failing => tracing::debug!(error = %e, "could not renew the lease"),
+                    Err(e) => {
+                        failing = true;
+                        tracing::warn!(error = %e, "could not renew the lease: trying again every {every:?}");
+                    }
                 }
             }
         };
