@@ -153,6 +153,7 @@ macro_rules! conformance_tests {
             a_job_that_cannot_be_read_is_dead_lettered_alone
             dead_letter_reports_attempts_spent
             uncapped_mount_retries_no_faster_than_the_floor
+            publish_once_stores_a_job_once_per_guard
         );
     };
     ($fixture:expr $(,)?) => {
@@ -2418,4 +2419,64 @@ pub async fn uncapped_mount_retries_no_faster_than_the_floor<F: Fixture>(fixture
         );
     }
     app.stop().await;
+}
+
+/// `publish_once` takes its guard and stores its job in one step: a second call with the same
+/// guard (another job id) stores nothing and reports `already_there` with its own id; a call
+/// with another guard stores its job.
+pub async fn publish_once_stores_a_job_once_per_guard<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_publish_once";
+    let broker = connected(&fixture.broker().await).await;
+    let guard = format!("cf-publish-once-{}", JobId::new());
+    let other_guard = format!("{guard}-other");
+    let ttl = Duration::from_secs(60);
+    let parts = |n: u64| {
+        let (_, envelope, at) = job(Q, n)
+            .id(JobId::from_string(format!(
+                "cf-publish-once-{n}-{}",
+                JobId::new()
+            )))
+            .after(Duration::from_secs(3600))
+            .into_parts(broker.clock().now());
+        (envelope, at)
+    };
+    let (first, second, third) = (parts(1), parts(2), parts(3));
+    let (first_id, second_id, third_id) = (
+        first.0.id().clone(),
+        second.0.id().clone(),
+        third.0.id().clone(),
+    );
+    let got = broker
+        .publish_once(Q, first, &guard, ttl)
+        .await
+        .expect("publish_once");
+    assert_eq!(
+        (got.id(), got.is_stored()),
+        (&first_id, true),
+        "the first call stores its job"
+    );
+    let got = broker
+        .publish_once(Q, second, &guard, ttl)
+        .await
+        .expect("publish_once with a held guard is not an error");
+    assert_eq!(
+        (got.id(), got.is_stored()),
+        (&second_id, false),
+        "the second call with the same guard stores nothing and reports its own id"
+    );
+    let got = broker
+        .publish_once(Q, third, &other_guard, ttl)
+        .await
+        .expect("publish_once");
+    assert_eq!(
+        (got.id(), got.is_stored()),
+        (&third_id, true),
+        "another guard stores its job"
+    );
+    let stats = broker.stats(Q).await.expect("stats");
+    assert_eq!(
+        stats.ready + stats.delayed + stats.pending,
+        2,
+        "two jobs stored, one per guard: {stats:?}"
+    );
 }
