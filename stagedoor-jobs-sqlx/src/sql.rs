@@ -286,7 +286,8 @@ impl Statements {
             let mut claim = Stmt::default();
             let lease = claim.p(P::NewLease);
             let g = claim.p(P::Group);
-            let now = claim.p(P::Now);
+            // `now` is bound only where a condition reads it (a table without `retry_after`
+            // and FIFO reads none: an unused parameter has no type Postgres can infer).
             let reclaim = claim.p(P::Reclaim);
             let mut cond = vec![format!("({locked} IS NULL OR {locked} <= {reclaim})")];
             if let Some(gc) = &group {
@@ -301,6 +302,7 @@ impl Statements {
                     // row would never be due and never read.
                     cond.push(format!("{d} >= ':'"));
                 } else {
+                    let now = claim.p(P::Now);
                     cond.push(format!("{d} <= {now}"));
                 }
                 if floor {
@@ -309,6 +311,7 @@ impl Statements {
                 }
             }
             if let (Some(gc), true) = (&group, table.fifo) {
+                let now = claim.p(P::Now);
                 cond.push(format!(
                     "NOT EXISTS (SELECT 1 FROM {t} AS busy WHERE busy.{gc} = {g} AND busy.{locked} > {now})"
                 ));
