@@ -2050,6 +2050,45 @@ mod tests {
     }
 
     #[test]
+    fn connection_errors_are_told_from_statement_errors() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(is_connection_error(&sqlx::Error::Io(refused)));
+        assert!(is_connection_error(&sqlx::Error::PoolTimedOut));
+        assert!(is_connection_error(&sqlx::Error::PoolClosed));
+        assert!(!is_connection_error(&sqlx::Error::RowNotFound));
+        assert!(!is_connection_error(&sqlx::Error::Protocol(
+            "unexpected".to_owned()
+        )));
+        assert!(matches!(
+            db_err(sqlx::Error::PoolTimedOut),
+            BrokerError::Connection(_)
+        ));
+        assert!(matches!(
+            db_err(sqlx::Error::RowNotFound),
+            BrokerError::Backend(_)
+        ));
+    }
+
+    #[test]
+    fn a_fence_accepts_the_leases_a_lost_reply_may_have_set() {
+        let t = |s: i64| DateTime::from_timestamp(s, 0).expect("a time");
+        let r = SqlReceipt::new(IdValue::Int(1), t(10));
+        assert_eq!(r.leases(), [t(10); crate::sql::FENCES]);
+        r.maybe(t(11));
+        r.maybe(t(12));
+        assert_eq!(r.leases(), [t(10), t(12), t(11), t(10)]);
+        r.maybe(t(13));
+        r.maybe(t(14));
+        assert_eq!(
+            r.leases(),
+            [t(10), t(14), t(13), t(12)],
+            "the newest unsure values"
+        );
+        r.confirmed(t(20));
+        assert_eq!(r.leases(), [t(20); crate::sql::FENCES]);
+    }
+
+    #[test]
     fn shown_values_are_short() {
         assert_eq!(shorten("soon"), "soon");
         let long = "x".repeat(1000);
