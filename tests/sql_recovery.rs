@@ -16,6 +16,11 @@
 //! - [`a_killed_worker_gives_its_rows_back_within_seconds`] (SQLite and Postgres, default
 //!   settings): a child worker SIGKILLed inside a handler; its row runs again within about 5 s
 //!   of the kill, while a live worker's 8 s handler is not taken over.
+//! - [`a_renewal_whose_reply_is_lost_does_not_lose_the_row`] (Postgres, through a proxy that
+//!   drops one reply): the renewal commits, its reply never comes; the job is settled by its
+//!   worker, runs once, and no lease is reported lost.
+//! - [`publish_once_takes_no_guard_when_its_job_is_not_stored`] (SQLite and Postgres): the
+//!   guard and the job are one transaction.
 
 mod common;
 
@@ -936,3 +941,81 @@ mod url_parts {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// publish_once: the guard and the job in one transaction
+// ---------------------------------------------------------------------------------------------
+
+/// A job the table refuses (a `CHECK` on the payload's size) takes no guard: `publish_once`
+/// fails, and a second call with the same guard stores its job. Taking the guard first and
+/// publishing after (two steps) would leave the guard held and the tick lost.
+async fn publish_once_takes_no_guard_when_its_job_is_not_stored<D: Db>() {
+    const Q: &str = "once";
+    let ddl = format!(
+        "{}\nCREATE TRIGGER no_big_jobs {}",
+        conf_ddl::<D>(),
+        if D::NAME == "sqlite" {
+            "BEFORE INSERT ON conf_jobs WHEN length(NEW.payload) > 100 BEGIN SELECT RAISE(ABORT, 'payload too big'); END;"
+        } else {
+            "BEFORE INSERT ON conf_jobs FOR EACH ROW WHEN (octet_length(NEW.payload) > 100) EXECUTE FUNCTION no_big_jobs();"
+        }
+    );
+    let ddl = if D::NAME == "sqlite" {
+        ddl
+    } else {
+        format!(
+            "CREATE FUNCTION no_big_jobs() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'payload too big'; END $$ LANGUAGE plpgsql;\n{ddl}"
+        )
+    };
+    let db = D::fresh("once", &ddl).await;
+    let route = D::route::<ConfRow>(&db.broker(), Q);
+    route.connect().await.expect("connect");
+    let guard = "sched:nightly:1767225600000";
+    let ttl = Duration::from_secs(60);
+    let parts = |job: Job| {
+        let (_, envelope, at) = job.into_parts(Utc::now());
+        (envelope, at)
+    };
+    #[derive(Serialize)]
+    struct Big {
+        text: String,
+    }
+    let big = Job::new(
+        Q,
+        &Big {
+            text: "x".repeat(500),
+        },
+    )
+    .expect("encodes");
+    let refused = route.publish_once(Q, parts(big), guard, ttl).await;
+    assert!(
+        refused.is_err(),
+        "the table refuses the big job: {refused:?}"
+    );
+    let small = parts(job(Q, 1));
+    let id = small.0.id().clone();
+    let got = route
+        .publish_once(Q, small, guard, ttl)
+        .await
+        .expect("publish_once");
+    assert_eq!(
+        (got.id(), got.is_stored()),
+        (&id, true),
+        "the failed call took no guard: the tick's job is stored"
+    );
+    let again = route
+        .publish_once(Q, parts(job(Q, 2)), guard, ttl)
+        .await
+        .expect("publish_once");
+    assert!(!again.is_stored(), "the guard is held now");
+    assert_eq!(
+        db.rows(format!(
+            "SELECT COUNT(*) FROM conf_jobs WHERE queue = '{Q}'"
+        ))
+        .await[0][0]
+            .int(),
+        1
+    );
+}
+
+on_both!(publish_once_takes_no_guard_when_its_job_is_not_stored);
