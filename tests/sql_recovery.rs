@@ -19,6 +19,9 @@
 //! - [`a_renewal_whose_reply_is_lost_does_not_lose_the_row`] (Postgres, through a proxy that
 //!   drops one reply): the renewal commits, its reply never comes; the job is settled by its
 //!   worker, runs once, and no lease is reported lost.
+//! - [`a_settlement_whose_reply_is_lost_is_not_reported_as_discarded`] (Postgres, the same
+//!   proxy, then 1.5 s without connections): the settlement took effect; the renewal between
+//!   its tries does not call the outcome discarded, its next try says it may have taken effect.
 //! - [`publish_once_takes_no_guard_when_its_job_is_not_stored`] (SQLite and Postgres): the
 //!   guard and the job are one transaction.
 
@@ -736,13 +739,16 @@ on_both!(
 // ---------------------------------------------------------------------------------------------
 
 /// A TCP proxy in front of Postgres that can lose one reply: once armed, the next statement a
-/// client sends (a message starting with Parse or Bind: not a ping, not a connection's
-/// start-up) reaches the server, and the server's reply to it is dropped and the connection
-/// closed: the statement commits and its client sees the connection break.
+/// client runs (a write starting with a Bind message: not a ping, not a connection's start-up,
+/// not the Parse of a statement the connection prepares first, whose reply comes before the
+/// statement runs) reaches the server, and the server's reply to it is dropped and the
+/// connection closed: the statement commits and its client sees the connection break.
 struct LossyProxy {
     port: u16,
     armed: Arc<std::sync::atomic::AtomicBool>,
     lost: Arc<std::sync::atomic::AtomicUsize>,
+    /// How long new connections are refused after the reply is lost (the server "restarts").
+    outage: Arc<Mutex<Duration>>,
 }
 
 impl LossyProxy {
@@ -754,13 +760,27 @@ impl LossyProxy {
         let port = listener.local_addr().expect("addr").port();
         let armed = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicUsize::new(0));
-        let (armed2, lost2) = (Arc::clone(&armed), Arc::clone(&lost));
+        let outage = Arc::new(Mutex::new(Duration::ZERO));
+        let down_until: Arc<Mutex<Option<Instant>>> = Arc::default();
+        // Breaks every connection when a reply is lost (with an outage: the server restarts).
+        let kill_all = Arc::new(tokio::sync::Notify::new());
+        let (armed2, lost2, outage2) = (Arc::clone(&armed), Arc::clone(&lost), Arc::clone(&outage));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if down_until
+                    .lock()
+                    .expect("down")
+                    .is_some_and(|t| Instant::now() < t)
+                {
+                    drop(client);
+                    continue;
+                }
                 let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
                     continue;
                 };
                 let (armed, lost) = (Arc::clone(&armed2), Arc::clone(&lost2));
+                let (outage, down_until) = (Arc::clone(&outage2), Arc::clone(&down_until));
+                let kill_all = Arc::clone(&kill_all);
                 let doomed = AtomicBool::new(false);
                 tokio::spawn(async move {
                     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -772,9 +792,7 @@ impl LossyProxy {
                             match cr.read(&mut buf).await {
                                 Ok(0) | Err(_) => return,
                                 Ok(n) => {
-                                    if matches!(buf[0], b'P' | b'B')
-                                        && armed.swap(false, Ordering::SeqCst)
-                                    {
+                                    if buf[0] == b'B' && armed.swap(false, Ordering::SeqCst) {
                                         doomed.store(true, Ordering::SeqCst);
                                     }
                                     if sw.write_all(&buf[..n]).await.is_err() {
@@ -793,6 +811,12 @@ impl LossyProxy {
                                     if doomed.load(Ordering::SeqCst) {
                                         // The reply is lost; the connection breaks.
                                         lost.fetch_add(1, Ordering::SeqCst);
+                                        let out = *outage.lock().expect("outage");
+                                        if !out.is_zero() {
+                                            *down_until.lock().expect("down") =
+                                                Some(Instant::now() + out);
+                                            kill_all.notify_waiters();
+                                        }
                                         return;
                                     }
                                     if cw.write_all(&buf[..n]).await.is_err() {
@@ -805,11 +829,17 @@ impl LossyProxy {
                     tokio::select! {
                         _ = up => {}
                         _ = down => {}
+                        _ = kill_all.notified() => {}
                     }
                 });
             }
         });
-        Self { port, armed, lost }
+        Self {
+            port,
+            armed,
+            lost,
+            outage,
+        }
     }
 
     fn arm(&self, on: bool) {
@@ -1019,3 +1049,109 @@ async fn publish_once_takes_no_guard_when_its_job_is_not_stored<D: Db>() {
 }
 
 on_both!(publish_once_takes_no_guard_when_its_job_is_not_stored);
+
+async fn retries_in_a_minute(
+    _msg: &Msg,
+    Data(starts): Data<Arc<Starts>>,
+    Ctx(attempt): Ctx<keys::Attempt>,
+) -> HandlerOutcome {
+    starts
+        .0
+        .lock()
+        .expect("starts")
+        .push((1, attempt.unwrap_or(0), Instant::now()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    HandlerOutcome::retry_after(Duration::from_secs(60))
+}
+
+/// A settlement (a retry in a minute) commits and its reply is lost; the database then cannot
+/// be reached for 1.5 s, so the settlement is tried again, with the lease renewed between
+/// tries. That renewal finds the row released by the settlement that took effect: it must not
+/// report the lease lost ("this outcome is discarded"), and the settlement's next try reports
+/// that an earlier try may have taken effect. The row waits for its retry, as settled.
+#[tokio::test]
+async fn a_settlement_whose_reply_is_lost_is_not_reported_as_discarded() {
+    const Q: &str = "lossy_settle";
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let db = Pg::fresh("lossyset", conf_ddl::<Pg>()).await;
+    let real = url_parts::parse(&db.url);
+    let upstream = tokio::net::lookup_host((real.host.as_str(), real.port))
+        .await
+        .expect("resolve DATABASE_URL's host")
+        .next()
+        .expect("an address");
+    let proxy = LossyProxy::start(upstream).await;
+    *proxy.outage.lock().expect("outage") = Duration::from_millis(1500);
+    let broker = SqlxBroker::from_url(real.with_port(proxy.port), pg_options(&db.schema))
+        .lease(stagedoor_jobs::broker::DEFAULT_LEASE)
+        .poll_interval(Duration::from_secs(60));
+    let route = broker.route::<ConfRow>(Q);
+    let starts = Arc::new(Starts::default());
+    let running: Running = Service::new(AppInfo::new("sql-lossy-settle", "0.1.0"))
+        .state(Arc::clone(&starts))
+        .shutdown_timeout(Duration::from_secs(5))
+        .with_broker(route.clone(), |b| {
+            b.include(Subscriber::new(Q, retries_in_a_minute).name("retries_in_a_minute"));
+        })
+        .start()
+        .await
+        .expect("the worker starts");
+    route.publish(job(Q, 1)).await.expect("publish");
+    eventually("the job started", Duration::from_secs(30), || async {
+        !starts.0.lock().expect("starts").is_empty()
+    })
+    .await;
+    let started = starts.0.lock().expect("starts")[0].2;
+    // The next statement is the settlement at 0.5 s (no renewal is due before 1 s; the idle
+    // claim polls once a minute).
+    tokio::time::sleep_until((started + Duration::from_millis(200)).into()).await;
+    proxy.arm(true);
+    eventually(
+        "the settlement's reply was lost",
+        Duration::from_secs(10),
+        || async { proxy.lost.load(std::sync::atomic::Ordering::SeqCst) == 1 },
+    )
+    .await;
+    proxy.arm(false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let log = logs.text();
+        if log.contains("no longer held when its settlement was tried again")
+            || log.contains("this outcome is discarded")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the settlement was neither tried again nor given up within 20 s\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    running.shutdown().await;
+    let log = logs.text();
+    assert!(
+        !log.contains("this outcome is discarded"),
+        "the outcome took effect; it is not reported discarded\n{log}"
+    );
+    assert!(
+        !log.contains("reclaimed by another worker"),
+        "there is no other worker\n{log}"
+    );
+    let row = db
+        .rows("SELECT locked_until, last_error FROM conf_jobs".to_owned())
+        .await;
+    assert_eq!(row.len(), 1, "the job waits for its retry");
+    assert!(row[0][0].is_null(), "released by the settlement: {row:?}");
+    assert_eq!(
+        starts.0.lock().expect("starts").len(),
+        1,
+        "it ran once\n{log}"
+    );
+}

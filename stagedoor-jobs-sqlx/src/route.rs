@@ -52,6 +52,8 @@ impl Dialect for sqlx::Postgres {}
 pub struct SqlReceipt {
     id: IdValue,
     lease: Mutex<Fence>,
+    /// A settlement of this delivery failed: it may have taken effect (its reply lost).
+    settle_failed: std::sync::atomic::AtomicBool,
 }
 
 /// The lease values a delivery may find on its row.
@@ -71,6 +73,7 @@ impl SqlReceipt {
                 held: lease,
                 unsure: Vec::new(),
             }),
+            settle_failed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -1425,6 +1428,9 @@ macro_rules! impl_broker {
 
             async fn settle(&self, queue: &str, delivery: &Delivery<SqlReceipt>, settlement: Settlement) -> Result<Settled, BrokerError> {
                 let settled = self.settle_row(queue, delivery, settlement).await;
+                if settled.is_err() {
+                    delivery.receipt.settle_failed.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
                 self.broker.noted(settled)
             }
 
@@ -1813,6 +1819,13 @@ macro_rules! impl_broker {
                         let renewed = done.rows_affected() == 1;
                         if renewed {
                             receipt.confirmed(new);
+                        } else if receipt.settle_failed.load(std::sync::atomic::Ordering::SeqCst) {
+                            // Not "lost": the settlement tried before may have taken effect
+                            // (released or deleted the row) and only its reply was lost. The
+                            // settlement's next try tells.
+                            return Err(BrokerError::Backend(
+                                "the row is no longer leased to this delivery: the settlement tried before may have taken effect (its reply was lost)".to_owned(),
+                            ));
                         }
                         Ok(renewed)
                     }
