@@ -28,6 +28,8 @@ pub(crate) struct Shared<DB: Database> {
     pub(crate) url_for_messages: String,
     /// The bookkeeping tables exist (created on first use).
     pub(crate) bookkeeping: OnceCell<()>,
+    /// When a statement last failed on the connection (see [`SqlxBroker::cautious`]).
+    pub(crate) last_connection_error: Mutex<Option<std::time::Instant>>,
 }
 
 /// A job database: SQLite (embedded) or Postgres. Cheap to clone. Make a route per job table
@@ -71,8 +73,9 @@ impl<DB: Database> SqlxBroker<DB> {
                 listening: std::sync::atomic::AtomicBool::new(false),
                 url_for_messages,
                 bookkeeping: OnceCell::new(),
+                last_connection_error: Mutex::new(None),
             }),
-            lease: Duration::from_secs(30),
+            lease: stagedoor_jobs::broker::DEFAULT_LEASE,
             poll: Duration::from_millis(200),
         }
     }
@@ -90,8 +93,11 @@ impl<DB: Database> SqlxBroker<DB> {
         Self::with_source(Source::Pool(pool), String::from("(a pool)"))
     }
 
-    /// How long a claim holds a row (default 30 s). The runtime renews it every third of it
-    /// while the handler runs; a row whose worker died is claimed again after it.
+    /// How long a claim holds a row (default [`DEFAULT_LEASE`](stagedoor_jobs::broker::DEFAULT_LEASE),
+    /// 3 s). The runtime renews it every third of it from the claim until the job is settled
+    /// (the worker's heartbeat); a row whose worker died is claimed again after it. After a
+    /// connection error, rows whose lease ran out are reclaimed only once the broker has been
+    /// talking to the database without one for a whole lease (their owners renew first).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -133,18 +139,54 @@ impl<DB: Database> SqlxBroker<DB> {
     }
 
     pub(crate) fn now(&self) -> chrono::DateTime<chrono::Utc> {
-        let t = self.shared.clock.lock().expect("clock lock").now();
+        let t = self.clock().now();
         // Microseconds: what Postgres stores, so a value read back compares equal.
         chrono::DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t)
     }
 
+    /// The broker's one clock: every clone shares its offset, so the runtime's sync of a clone
+    /// moves the time every statement of this broker binds.
     pub(crate) fn clock(&self) -> Clock {
-        self.shared.clock.lock().expect("clock lock").clone()
+        self.shared
+            .clock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     pub(crate) fn set_clock(&self, clock: &Clock) {
-        *self.shared.clock.lock().expect("clock lock") = clock.clone();
+        *self
+            .shared
+            .clock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = clock.clone();
         self.wake_all();
+    }
+
+    /// Passes `result` through, recording a connection-level error (see
+    /// [`cautious`](Self::cautious)).
+    pub(crate) fn noted<T>(&self, result: Result<T, BrokerError>) -> Result<T, BrokerError> {
+        if let Err(BrokerError::Connection(_)) = &result {
+            *self
+                .shared
+                .last_connection_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                Some(std::time::Instant::now());
+        }
+        result
+    }
+
+    /// Whether this broker saw a connection-level error less than a lease ago. Meanwhile its
+    /// claims take no row whose lease ran out: after an outage the rows' owners (which could
+    /// not renew while the database was away) renew first, so a short restart never makes a
+    /// job in flight run twice. Fresh rows are claimed at once.
+    pub(crate) fn cautious(&self) -> bool {
+        self.shared
+            .last_connection_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some_and(|t| t.elapsed() < self.lease)
     }
 
     /// Wakes this process's idle claims: something may be due (a publish, a settlement, a

@@ -5,8 +5,16 @@
 //!
 //! - A claim leases due rows (`locked_until = now + lease`) and counts the attempt in the same
 //!   statement; Postgres claims in batches with `FOR UPDATE SKIP LOCKED`.
-//! - Settlements are fenced on the lease they claimed with: a worker whose lease was lost
-//!   cannot overwrite the row's new owner.
+//! - Settlements are fenced on the lease the delivery holds: a worker whose lease was lost
+//!   cannot overwrite the row's new owner. The lease defaults to
+//!   [`DEFAULT_LEASE`](stagedoor_jobs::broker::DEFAULT_LEASE) (3 s) and is renewed from the claim
+//!   until the settlement; a renewal whose reply was lost may have committed, so the fence also
+//!   accepts the lease it tried to set.
+//! - After a connection error, claims take only fresh rows until the broker has talked to the
+//!   database for a whole lease without one: rows whose lease ran out during an outage are
+//!   renewed by their owners first.
+//! - Due times and leases follow the database's clock (Postgres `now()`, SQLite's `'now'`),
+//!   measured by the runtime (`Broker::server_time`).
 //! - `retry_after` hides a row until it is due; dead letters move to a group of the same table
 //!   (`emails.dead`) or, for a table without a group column, to a table with the same columns.
 //! - Postgres workers wake on `LISTEN/NOTIFY`; SQLite polls.

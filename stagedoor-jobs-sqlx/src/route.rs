@@ -43,10 +43,71 @@ impl Dialect for sqlx::Sqlite {}
 impl Dialect for sqlx::Postgres {}
 
 /// A claimed row: its id and the lease it holds (the fence every settlement checks).
+///
+/// A renewal moves the row's lease. One whose reply is lost (the connection broke after the
+/// statement was sent) may have committed, so the receipt keeps the value it tried to set
+/// beside the one last confirmed, and the fence accepts any of them: a lost reply never makes
+/// the worker's own row look taken by another.
 #[derive(Debug)]
 pub struct SqlReceipt {
     id: IdValue,
-    lease: Mutex<DateTime<Utc>>,
+    lease: Mutex<Fence>,
+    /// A settlement of this delivery failed: it may have taken effect (its reply lost).
+    settle_failed: std::sync::atomic::AtomicBool,
+}
+
+/// The lease values a delivery may find on its row.
+#[derive(Clone, Debug)]
+struct Fence {
+    /// The last one a statement confirmed setting.
+    held: DateTime<Utc>,
+    /// Set by statements whose reply never came (newest last, at most `FENCES - 1`).
+    unsure: Vec<DateTime<Utc>>,
+}
+
+impl SqlReceipt {
+    fn new(id: IdValue, lease: DateTime<Utc>) -> Self {
+        Self {
+            id,
+            lease: Mutex::new(Fence {
+                held: lease,
+                unsure: Vec::new(),
+            }),
+            settle_failed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
+        self.lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The lease values the fence accepts, padded with the confirmed one.
+    fn leases(&self) -> [DateTime<Utc>; crate::sql::FENCES] {
+        let f = self.fence();
+        let mut out = [f.held; crate::sql::FENCES];
+        for (slot, t) in out.iter_mut().skip(1).zip(f.unsure.iter().rev()) {
+            *slot = *t;
+        }
+        out
+    }
+
+    /// A statement set `lease` for sure: the only value from now on.
+    fn confirmed(&self, lease: DateTime<Utc>) {
+        let mut f = self.fence();
+        f.held = lease;
+        f.unsure.clear();
+    }
+
+    /// A statement that would set `lease` failed after it was sent: it may have committed.
+    fn maybe(&self, lease: DateTime<Utc>) {
+        let mut f = self.fence();
+        if f.unsure.len() + 1 >= crate::sql::FENCES {
+            f.unsure.remove(0);
+        }
+        f.unsure.push(lease);
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -75,7 +136,10 @@ impl IdValue {
 #[derive(Default)]
 pub(crate) struct Vals {
     id: Option<IdValue>,
-    lease: Option<DateTime<Utc>>,
+    /// The fence: [`P::Lease`], [`P::Fence1`], ...
+    leases: Option<[DateTime<Utc>; crate::sql::FENCES]>,
+    /// The claim's reclaim cutoff ([`P::Reclaim`]); `now` when unset.
+    reclaim: Option<DateTime<Utc>>,
     new_lease: Option<DateTime<Utc>>,
     group: Option<String>,
     target: Option<String>,
@@ -204,7 +268,7 @@ struct Idle {
 /// A settled delivery's row to delete, waiting for the route's next batched delete.
 pub(crate) struct AckReq {
     id: IdValue,
-    lease: DateTime<Utc>,
+    leases: [DateTime<Utc>; crate::sql::FENCES],
     reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
 }
 
@@ -432,13 +496,63 @@ const STATS_TOLERANCE: chrono::Duration = chrono::Duration::milliseconds(10);
 /// was committed, never sees it as delayed. Rows due now keep their order among themselves.
 const BACKDATE: chrono::Duration = chrono::Duration::seconds(1);
 
-fn db_err(e: sqlx::Error) -> BrokerError {
+/// Whether `e` is about reaching or using the database rather than about the statement: a
+/// broken or refused connection, a pool that gave no connection, TLS, Postgres' connection
+/// exceptions (SQLSTATE class `08`) and shutdowns (`57P01` admin, `57P02` crash, `57P03`
+/// cannot connect now), SQLite's `BUSY` and `LOCKED` (another writer held the database).
+pub(crate) fn is_connection_error(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
-        | sqlx::Error::Tls(_) => BrokerError::Connection(e.to_string()),
-        other => BrokerError::Backend(other.to_string()),
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(d) => {
+            let Some(code) = d.code() else {
+                return false;
+            };
+            if code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03") {
+                return true;
+            }
+            // SQLite reports its (extended) result code as a number: the primary code is the
+            // low byte. 5 is SQLITE_BUSY, 6 SQLITE_LOCKED.
+            d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                && code.parse::<i64>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+        }
+        _ => false,
+    }
+}
+
+/// A driver error as a [`BrokerError`]: [`BrokerError::Connection`] for what
+/// [`is_connection_error`] says is about the connection (the same call can succeed later
+/// unchanged), [`BrokerError::Backend`] for the rest.
+pub(crate) fn db_err(e: sqlx::Error) -> BrokerError {
+    if is_connection_error(&e) {
+        BrokerError::Connection(e.to_string())
+    } else {
+        BrokerError::Backend(e.to_string())
+    }
+}
+
+/// The longest a statement waits for a Postgres connection: during an outage the pool tries to
+/// connect again with a backoff that grows to a fifth of its acquire timeout (6 s by default),
+/// so a claim waiting inside one acquire would resume seconds after the server answers. Each
+/// try gives up after this long instead, and the runtime tries again (at most 500 ms later)
+/// with a fresh backoff.
+const PG_ACQUIRE_WAIT: Duration = Duration::from_secs(2);
+
+/// A connection of `pool`; on Postgres within [`PG_ACQUIRE_WAIT`].
+pub(crate) async fn acquire<DB: Dialect>(
+    pool: &sqlx::Pool<DB>,
+) -> Result<sqlx::pool::PoolConnection<DB>, BrokerError> {
+    if <DB as sealed::Sealed>::FLAVOR != Flavor::Postgres {
+        return pool.acquire().await.map_err(db_err);
+    }
+    match tokio::time::timeout(PG_ACQUIRE_WAIT, pool.acquire()).await {
+        Ok(r) => r.map_err(db_err),
+        Err(_) => Err(BrokerError::Connection(format!(
+            "no connection to Postgres within {PG_ACQUIRE_WAIT:?}: the server is not answering (restarting, or unreachable), or every connection of the pool is busy (raise max_connections)"
+        ))),
     }
 }
 
@@ -542,9 +656,15 @@ macro_rules! impl_for {
                             IdValue::Int(v) => q.bind(*v),
                             IdValue::Text(v) => q.bind(v.clone()),
                         };
-                        q = q.bind(r.lease);
+                        for l in r.leases {
+                            q = q.bind(l);
+                        }
                     }
-                    match q.fetch_all(&pool).await {
+                    let done = match acquire(&pool).await {
+                        Ok(mut conn) => q.fetch_all(&mut *conn).await.map_err(db_err),
+                        Err(e) => Err(e),
+                    };
+                    match done {
                         Ok(rows) => {
                             let gone: std::collections::HashSet<String> =
                                 rows.iter().filter_map(|row| row.try_get::<String, _>(0).ok()).collect();
@@ -553,7 +673,6 @@ macro_rules! impl_for {
                             }
                         }
                         Err(e) => {
-                            let e = db_err(e);
                             for r in batch.drain(..) {
                                 let _ = r.reply.send(Err(e.clone()));
                             }
@@ -569,7 +688,11 @@ macro_rules! impl_for {
                         Some(IdValue::Text(s)) => q.bind(s.clone()),
                         None => q.bind(None::<String>),
                     },
-                    P::Lease => q.bind(v.lease),
+                    P::Lease => q.bind(v.leases.map(|l| l[0])),
+                    P::Fence1 => q.bind(v.leases.map(|l| l[1])),
+                    P::Fence2 => q.bind(v.leases.map(|l| l[2])),
+                    P::Fence3 => q.bind(v.leases.map(|l| l[3])),
+                    P::Reclaim => q.bind(v.reclaim.or(v.now)),
                     P::NewLease => q.bind(v.new_lease),
                     P::Group => q.bind(v.group.clone()),
                     P::Target => q.bind(v.target.clone()),
@@ -710,10 +833,10 @@ macro_rules! impl_for {
 
                 /// Deletes an acknowledged row in the route's next batched delete; `true` when
                 /// the row was still leased to this delivery.
-                pub(crate) async fn ack_batched(&self, id: IdValue, lease: DateTime<Utc>) -> Result<bool, BrokerError> {
+                pub(crate) async fn ack_batched(&self, id: IdValue, leases: [DateTime<Utc>; crate::sql::FENCES]) -> Result<bool, BrokerError> {
                     let (reply, answer) = tokio::sync::oneshot::channel();
                     let stopped = || BrokerError::Connection("the route's acknowledgement task stopped".to_owned());
-                    let mut req = AckReq { id, lease, reply };
+                    let mut req = AckReq { id, leases, reply };
                     // A send fails only if the task stopped since `ack_sender` looked: the
                     // second look starts it again.
                     for _ in 0..2 {
@@ -748,12 +871,14 @@ macro_rules! impl_for {
                 }
 
                 pub(crate) async fn exec(&self, stmt: &Stmt, v: &Vals) -> Result<u64, BrokerError> {
-                    let r = query(stmt, v, self.table()).execute(self.pool()?).await.map_err(db_err)?;
+                    let mut conn = acquire(self.pool()?).await?;
+                    let r = query(stmt, v, self.table()).execute(&mut *conn).await.map_err(db_err)?;
                     Ok(r.rows_affected())
                 }
 
                 pub(crate) async fn fetch(&self, stmts: &Statements, stmt: &Stmt, v: &Vals) -> Result<Vec<RowRead>, BrokerError> {
-                    let rows = query(stmt, v, &stmts.table).fetch_all(self.pool()?).await.map_err(db_err)?;
+                    let mut conn = acquire(self.pool()?).await?;
+                    let rows = query(stmt, v, &stmts.table).fetch_all(&mut *conn).await.map_err(db_err)?;
                     Ok(rows.iter().map(|r| read(r, &stmts.table)).collect())
                 }
 
@@ -803,7 +928,7 @@ macro_rules! impl_for {
                         r.id
                     );
                     tracing::error!(queue, row = %r.id, dead_letter = %target, "{error}");
-                    let delivery = Delivery { envelope, receipt: SqlReceipt { id, lease: Mutex::new(r.lease.unwrap_or(lease)) } };
+                    let delivery = Delivery { envelope, receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease)) };
                     let failure = Failure::new(FailureCause::Decode, error, String::new());
                     match Broker::settle(self, queue, &delivery, Settlement::DeadLetter { target, failure }).await {
                         Ok(Settled::Done) => {}
@@ -965,12 +1090,40 @@ impl<Row: Inbox> SqlxRoute<sqlx::Postgres, Row> {
             .get_or_try_init(|| async {
                 match self.broker.take_source() {
                     Some(Source::Pool(p)) => Ok(p),
-                    Some(Source::Url(url, options)) => options.connect(&url).await.map_err(|e| {
-                        BrokerError::Connection(format!(
-                            "cannot connect to Postgres at `{}`: {e}: check the URL (postgres://user:password@host:port/database) and that the server is running",
-                            shared.url_for_messages
-                        ))
-                    }),
+                    Some(Source::Url(url, options)) => {
+                        use std::str::FromStr;
+                        let masked = &shared.url_for_messages;
+                        let opts = sqlx::postgres::PgConnectOptions::from_str(&url).map_err(|e| {
+                            BrokerError::Connection(format!(
+                                "`{masked}` is not a Postgres URL ({e}): write postgres://user:password@host:port/database"
+                            ))
+                        })?;
+                        // One direct connection first: a refused port, an unknown host or a
+                        // wrong password is reported at once with its cause (the pool would
+                        // retry a refused connection until its acquire timeout, 30 s, and then
+                        // say only "pool timed out").
+                        let fix = "check the URL (postgres://user:password@host:port/database) and that the server is running and accepts connections there";
+                        match tokio::time::timeout(PG_CONNECT_WAIT, <sqlx::PgConnection as sqlx::Connection>::connect_with(&opts)).await {
+                            Ok(Ok(conn)) => {
+                                let _ = sqlx::Connection::close(conn).await;
+                            }
+                            Ok(Err(e)) => {
+                                return Err(BrokerError::Connection(format!(
+                                    "cannot connect to Postgres at `{masked}`: {e}: {fix}"
+                                )));
+                            }
+                            Err(_) => {
+                                return Err(BrokerError::Connection(format!(
+                                    "cannot connect to Postgres at `{masked}`: no answer within {PG_CONNECT_WAIT:?}: {fix}"
+                                )));
+                            }
+                        }
+                        options.connect_with(opts).await.map_err(|e| {
+                            BrokerError::Connection(format!(
+                                "cannot connect to Postgres at `{masked}`: {e}: {fix}"
+                            ))
+                        })
+                    }
                     None => Err(BrokerError::Connection("the broker's connection failed earlier; restart the service".to_owned())),
                 }
             })
@@ -1032,36 +1185,74 @@ where
     Ok(())
 }
 
-/// Wakes this process's idle workers on every `NOTIFY`; reconnects with backoff.
+/// How long the first connection to Postgres may take at start before it is reported.
+const PG_CONNECT_WAIT: Duration = Duration::from_secs(5);
+
+/// Wakes this process's idle workers on every `NOTIFY`. The `LISTEN` holds a connection of its
+/// own, outside `pool` (same connect options): a pool of one connection still publishes and
+/// claims. Reconnects after an outage (backoff up to 1 s; workers poll meanwhile); returns when
+/// `pool` closes.
 async fn listen(broker: SqlxBroker<sqlx::Postgres>, pool: sqlx::PgPool) {
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .acquire_timeout(PG_ACQUIRE_WAIT)
+        .connect_lazy_with((*pool.connect_options()).clone());
+    let closed = pool.close_event();
+    tokio::pin!(closed);
     let mut wait = Duration::from_millis(100);
+    let mut failures: u32 = 0;
     loop {
-        match sqlx::postgres::PgListener::connect_with(&pool).await {
+        match sqlx::postgres::PgListener::connect_with(&own).await {
             Ok(mut l) => {
                 if let Err(e) = l.listen(CHANNEL).await {
                     tracing::warn!(error = %e, "LISTEN failed; polling meanwhile");
                 } else {
+                    if failures > 0 {
+                        tracing::info!("the LISTEN connection is back");
+                    }
                     wait = Duration::from_millis(100);
+                    failures = 0;
+                    // Notifications sent while it was away are lost: look now.
+                    broker.wake_all();
                     loop {
-                        match l.recv().await {
-                            Ok(_) => broker.wake_all(),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "the LISTEN connection broke; reconnecting");
-                                break;
+                        tokio::select! {
+                            got = l.recv() => match got {
+                                Ok(_) => broker.wake_all(),
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "the LISTEN connection broke; reconnecting (workers poll meanwhile)");
+                                    break;
+                                }
+                            },
+                            _ = &mut closed => {
+                                own.close().await;
+                                return;
                             }
                         }
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot open the LISTEN connection; polling meanwhile")
+                failures += 1;
+                if failures == 1 || failures.is_multiple_of(20) {
+                    tracing::warn!(error = %e, "cannot open the LISTEN connection ({failures} tries); polling meanwhile");
+                }
             }
         }
         if pool.is_closed() {
+            own.close().await;
             return;
         }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(Duration::from_secs(5));
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = &mut closed => {
+                own.close().await;
+                return;
+            }
+        }
+        wait = (wait * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -1226,264 +1417,37 @@ macro_rules! impl_broker {
             }
 
             async fn claim(&self, queue: &str, max: usize, wait: Duration) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
-                let stmts = self.stmts_for(queue)?;
-                let deadline = tokio::time::Instant::now() + wait;
-                let mut clock_rx = self.broker.clock().subscribe();
-                let mut looked_again = false;
-                loop {
-                    let notified = self.broker.shared.wake.notified();
-                    tokio::pin!(notified);
-                    notified.as_mut().enable();
-                    let wakes = self.broker.shared.wakes.load(std::sync::atomic::Ordering::SeqCst);
-                    let idle = self.inner.idle.lock().expect("idle lock").get(queue).copied();
-                    // Nothing woke this process since a claim found the queue empty, and the
-                    // next row is not due yet: wait instead of asking again. A worker of an
-                    // idle queue queries once per poll interval (Postgres NOTIFY and this
-                    // process's own publishes wake it at once).
-                    let quiet = idle.is_some_and(|i| i.wakes == wakes && tokio::time::Instant::now() < i.until);
-                    if !quiet {
-                    let now = self.broker.now();
-                    let lease = now + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
-                    let plan = if Statements::lacks(&stmts.claim_from) { Plan::Full } else { self.inner.floors.plan(queue) };
-                    let v = Vals {
-                        new_lease: Some(lease),
-                        group: Some(queue.to_owned()),
-                        now: Some(now),
-                        limit: i64::try_from(max).unwrap_or(i64::MAX),
-                        floor: match plan { Plan::From(f) => Some(f), Plan::Full => None },
-                        ..Vals::default()
-                    };
-                    let started = tokio::time::Instant::now();
-                    let rows = if stmts.table.fifo && <$db as sealed::Sealed>::FLAVOR == Flavor::Postgres {
-                        // One row per group in work: claims of a FIFO group are serialised by a
-                        // transaction-scoped advisory lock (SKIP LOCKED alone would let a second
-                        // worker take the row behind a locked head).
-                        let mut tx = self.pool()?.begin().await.map_err(db_err)?;
-                        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-                            .bind(format!("{}:{queue}", stmts.qualified))
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(db_err)?;
-                        let rows = $module::query(&stmts.claim, &v, &stmts.table).fetch_all(&mut *tx).await.map_err(db_err)?;
-                        tx.commit().await.map_err(db_err)?;
-                        rows.iter().map(|r| $module::read(r, &stmts.table)).collect::<Vec<_>>()
-                    } else {
-                        let stmt = match plan { Plan::From(_) => &stmts.claim_from, Plan::Full => &stmts.claim };
-                        self.fetch(&stmts, stmt, &v).await?
-                    };
-                    if !Statements::lacks(&stmts.claim_from) {
-                        let earliest = rows.iter().filter_map(|r| r.due).min();
-                        match plan {
-                            Plan::Full => self.inner.floors.after_full(queue, earliest, now, started.elapsed()),
-                            Plan::From(_) => self.inner.floors.after_bounded(queue, earliest),
-                        }
-                    }
-                    // Nothing due: on SQLite, look for rows whose `retry_after` is no timestamp
-                    // and would wait forever (see `Statements::claim_strays`).
-                    let rows = if rows.is_empty() && !Statements::lacks(&stmts.claim_strays) {
-                        self.fetch(&stmts, &stmts.claim_strays, &v).await?
-                    } else {
-                        rows
-                    };
-                    if !rows.is_empty() {
-                        let mut out = Vec::with_capacity(rows.len());
-                        for mut r in rows {
-                            // An id the table's type does not describe (a text in an SQLite
-                            // integer column) is fenced on as it reads.
-                            let id = IdValue::parse(&stmts.table, &r.id).unwrap_or_else(|_| IdValue::Text(r.id.clone()));
-                            // A row that cannot be read is dead-lettered by itself; the others
-                            // of the claim run.
-                            if let Some(problem) = r.problem.take() {
-                                self.dead_letter_unreadable(queue, r, id, lease, &problem).await;
-                                continue;
-                            }
-                            let doc = HeaderDoc::parse(r.headers.as_deref());
-                            let envelope = self.envelope_of(queue, &r, &doc);
-                            out.push(Delivery {
-                                envelope,
-                                receipt: SqlReceipt { id, lease: Mutex::new(r.lease.unwrap_or(lease)) },
-                            });
-                        }
-                        self.inner.idle.lock().expect("idle lock").remove(queue);
-                        if out.is_empty() {
-                            // Every row claimed was unreadable, and is gone: claim again.
-                            continue;
-                        }
-                        return Ok(out);
-                    }
-                    // Empty: look again at the next due time or after the poll interval. A row
-                    // due already but not claimable (its FIFO group is busy) waits for a wake-up
-                    // or the poll; one that became due just now is looked for once more at once.
-                    let next = self.next_due_from(&stmts, queue, plan).await;
-                    let mut until = tokio::time::Instant::now() + self.broker.poll;
-                    if let Some(t) = next {
-                        match (t - self.broker.now()).to_std() {
-                            Ok(d) if !d.is_zero() => until = until.min(tokio::time::Instant::now() + d),
-                            _ if !looked_again => {
-                                looked_again = true;
-                                continue;
-                            }
-                            _ => {}
-                        }
-                    }
-                    self.inner.idle.lock().expect("idle lock").insert(queue.to_owned(), Idle { until, wakes });
-                    }
-                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    if left.is_zero() {
-                        return Ok(Vec::new());
-                    }
-                    let clock_changed = async {
-                        match clock_rx.as_mut() {
-                            Some(rx) => {
-                                if rx.changed().await.is_err() {
-                                    std::future::pending::<()>().await;
-                                }
-                            }
-                            None => std::future::pending::<()>().await,
-                        }
-                    };
-                    let until = self.inner.idle.lock().expect("idle lock").get(queue).map(|i| i.until);
-                    let nap = until.map_or(left, |u| left.min(u.saturating_duration_since(tokio::time::Instant::now())));
-                    tokio::select! {
-                        _ = notified => {}
-                        _ = clock_changed => {
-                            self.inner.idle.lock().expect("idle lock").remove(queue);
-                            self.inner.floors.reset(queue);
-                        }
-                        _ = tokio::time::sleep(nap) => {}
-                    }
-                }
+                let claimed = self.claim_rows(queue, max, wait).await;
+                self.broker.noted(claimed)
             }
 
             async fn renew(&self, queue: &str, receipt: &SqlReceipt) -> Result<bool, BrokerError> {
-                let stmts = self.stmts_for(queue)?;
-                let old = *receipt.lease.lock().expect("lease lock");
-                let new = self.broker.now() + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
-                let v = Vals { new_lease: Some(new), id: Some(receipt.id.clone()), lease: Some(old), ..Vals::default() };
-                let n = query(&stmts.renew, &v, &stmts.table).execute(self.pool()?).await.map_err(db_err)?.rows_affected();
-                if n == 1 {
-                    *receipt.lease.lock().expect("lease lock") = new;
-                }
-                Ok(n == 1)
+                let renewed = self.renew_row(queue, receipt).await;
+                self.broker.noted(renewed)
             }
 
             async fn settle(&self, queue: &str, delivery: &Delivery<SqlReceipt>, settlement: Settlement) -> Result<Settled, BrokerError> {
-                let stmts = self.stmts_for(queue)?;
-                let now = self.broker.now();
-                let receipt = &delivery.receipt;
-                let lease = *receipt.lease.lock().expect("lease lock");
-                let base = || Vals { id: Some(receipt.id.clone()), lease: Some(lease), now: Some(now), ..Vals::default() };
-                let pool = self.pool()?;
-                let n = match settlement {
-                    Settlement::Ack | Settlement::Drop if Arc::ptr_eq(&stmts, self.stmts()?) => {
-                        u64::from(self.ack_batched(receipt.id.clone(), lease).await?)
-                    }
-                    Settlement::Ack | Settlement::Drop => {
-                        query(&stmts.delete_fenced, &base(), &stmts.table).execute(pool).await.map_err(db_err)?.rows_affected()
-                    }
-                    Settlement::Retry { delay, failure } => {
-                        if stmts.table.retry_after.is_none() && !delay.is_zero() {
-                            tracing::warn!(table = stmts.table.name, "no retry_after column: the row is due again at once instead of in {delay:?}");
-                        }
-                        let keep_place = stmts.table.fifo && delay.is_zero();
-                        let stmt = if keep_place { &stmts.retry_keep_place } else { &stmts.retry };
-                        let v = Vals {
-                            due: Some(if delay.is_zero() {
-                                now - BACKDATE
-                            } else {
-                                now + stagedoor_jobs::broker::chrono_duration(delay)
-                            }),
-                            error: Some(failure.error.clone()),
-                            ..base()
-                        };
-                        query(stmt, &v, &stmts.table).execute(pool).await.map_err(db_err)?.rows_affected()
-                    }
-                    Settlement::DeadLetter { target, failure } => {
-                        let env = &delivery.envelope;
-                        let h = env.headers();
-                        let doc = HeaderDoc {
-                            kind: (env.kind() != queue).then(|| env.kind().to_owned()),
-                            job_id: Some(env.id().to_string()),
-                            request_id: h.request_id.clone(),
-                            trace: h.trace.clone(),
-                            extra: h.extra.clone(),
-                            origin: Some(queue.to_owned()),
-                            traceback: Some(failure.traceback.clone()),
-                            error: Some(failure.error.clone()),
-                            failed_at: Some(now),
-                        };
-                        let v = Vals {
-                            target: Some(target.clone()),
-                            error: Some(failure.error.clone()),
-                            headers: Some(doc.to_json()),
-                            // The attempts spent: this delivery's number.
-                            attempt: i64::from(env.attempt()),
-                            ..base()
-                        };
-                        if self.grouped() {
-                            query(&stmts.dead_group, &v, &stmts.table).execute(pool).await.map_err(db_err)?.rows_affected()
-                        } else {
-                            // The table form: copy into the dead table and delete, in one transaction.
-                            let dead = self.dead_table(&target)?;
-                            let mut tx = pool.begin().await.map_err(db_err)?;
-                            let copy = stmts.copy_into(&target, true);
-                            let n = query(&copy, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
-                            if n == 1 {
-                                query(&dead.mark_dead, &v, &dead.table).execute(&mut *tx).await.map_err(db_err)?;
-                                query(&stmts.delete_by_id, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?;
-                                tx.commit().await.map_err(db_err)?;
-                            }
-                            n
-                        }
-                    }
-                };
-                self.broker.wake_all();
-                Ok(if n == 1 { Settled::Done } else { Settled::LeaseLost })
+                let settled = self.settle_row(queue, delivery, settlement).await;
+                if settled.is_err() {
+                    delivery.receipt.settle_failed.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                self.broker.noted(settled)
             }
 
             async fn publish(&self, queue: &str, jobs: Vec<(Envelope, Option<DateTime<Utc>>)>) -> Result<Vec<Published>, BrokerError> {
-                let stmts = Arc::clone(self.stmts()?);
-                if jobs.is_empty() {
-                    return Ok(Vec::new());
-                }
-                let mut vals = Vec::with_capacity(jobs.len());
-                for (envelope, at) in &jobs {
-                    vals.push(self.encode_job(queue, envelope, *at)?);
-                }
-                let mut returned = Vec::with_capacity(vals.len());
-                if let [v] = &vals[..] {
-                    // One job: one statement (its NOTIFY included on Postgres).
-                    let rows = $module::query(&stmts.insert_notify, v, self.table()).fetch_all(self.pool()?).await.map_err(db_err)?;
-                    returned = $module::returned_ids(&rows)?;
-                } else {
-                    let mut tx = self.pool()?.begin().await.map_err(db_err)?;
-                    if keyed_by_row(self.table()) {
-                        // Each job's id is the row id the database generates: a statement per
-                        // row tells which is which (a multi-row insert returns its ids in no
-                        // promised order).
-                        for v in &vals {
-                            let rows = $module::query(&stmts.insert, v, self.table()).fetch_all(&mut *tx).await.map_err(db_err)?;
-                            returned.extend($module::returned_ids(&rows)?);
-                        }
-                    } else {
-                        // Multi-row inserts of up to MAX_ROWS rows, all in one transaction.
-                        let mut rest = &vals[..];
-                        for n in chunks(vals.len()) {
-                            let (chunk, more) = rest.split_at(n);
-                            rest = more;
-                            let (sql, template) = stmts.insert_many(n);
-                            let rows = $module::query_rows(sql, template, chunk, self.table()).fetch_all(&mut *tx).await.map_err(db_err)?;
-                            returned.extend($module::returned_ids(&rows)?);
-                        }
-                    }
-                    self.notify_in(&mut tx, queue).await?;
-                    tx.commit().await.map_err(db_err)?;
-                }
-                self.broker.wake_all();
-                let envelopes: Vec<&Envelope> = jobs.iter().map(|(e, _)| e).collect();
-                reports(self.table(), queue, &envelopes, returned)
+                let published = self.publish_rows(queue, jobs).await;
+                self.broker.noted(published)
             }
 
+            async fn publish_once(&self, queue: &str, job: (Envelope, Option<DateTime<Utc>>), guard: &str, ttl: Duration) -> Result<Published, BrokerError> {
+                let published = self.publish_guarded(queue, job, guard, ttl).await;
+                self.broker.noted(published)
+            }
+
+            async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
+                let t = self.database_time().await;
+                self.broker.noted(t).map(Some)
+            }
             async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
                 let pool = self.pool()?;
                 ensure_bookkeeping(&self.broker, pool).await?;
@@ -1709,6 +1673,348 @@ macro_rules! impl_broker {
                 self.first_time(&row, "next due time")
             }
         }
+
+        impl<Row: Inbox> SqlxRoute<$db, Row> {
+            async fn claim_rows(&self, queue: &str, max: usize, wait: Duration) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
+                let stmts = self.stmts_for(queue)?;
+                let deadline = tokio::time::Instant::now() + wait;
+                let mut clock_rx = self.broker.clock().subscribe();
+                let mut looked_again = false;
+                loop {
+                    let notified = self.broker.shared.wake.notified();
+                    tokio::pin!(notified);
+                    notified.as_mut().enable();
+                    let wakes = self.broker.shared.wakes.load(std::sync::atomic::Ordering::SeqCst);
+                    let idle = self.inner.idle.lock().expect("idle lock").get(queue).copied();
+                    // Nothing woke this process since a claim found the queue empty, and the
+                    // next row is not due yet: wait instead of asking again. A worker of an
+                    // idle queue queries once per poll interval (Postgres NOTIFY and this
+                    // process's own publishes wake it at once).
+                    let quiet = idle.is_some_and(|i| i.wakes == wakes && tokio::time::Instant::now() < i.until);
+                    if !quiet {
+                    let now = self.broker.now();
+                    let lease = now + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
+                    let plan = if Statements::lacks(&stmts.claim_from) { Plan::Full } else { self.inner.floors.plan(queue) };
+                    let v = Vals {
+                        new_lease: Some(lease),
+                        group: Some(queue.to_owned()),
+                        now: Some(now),
+                        // After a connection error, rows whose lease ran out wait (their owners
+                        // renew first): only rows never leased or settled are taken.
+                        reclaim: self.broker.cautious().then_some(DateTime::<Utc>::UNIX_EPOCH),
+                        limit: i64::try_from(max).unwrap_or(i64::MAX),
+                        floor: match plan { Plan::From(f) => Some(f), Plan::Full => None },
+                        ..Vals::default()
+                    };
+                    let started = tokio::time::Instant::now();
+                    let rows = if stmts.table.fifo && <$db as sealed::Sealed>::FLAVOR == Flavor::Postgres {
+                        // One row per group in work: claims of a FIFO group are serialised by a
+                        // transaction-scoped advisory lock (SKIP LOCKED alone would let a second
+                        // worker take the row behind a locked head).
+                        let mut conn = acquire(self.pool()?).await?;
+                        let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
+                        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                            .bind(format!("{}:{queue}", stmts.qualified))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(db_err)?;
+                        let rows = $module::query(&stmts.claim, &v, &stmts.table).fetch_all(&mut *tx).await.map_err(db_err)?;
+                        tx.commit().await.map_err(db_err)?;
+                        rows.iter().map(|r| $module::read(r, &stmts.table)).collect::<Vec<_>>()
+                    } else {
+                        let stmt = match plan { Plan::From(_) => &stmts.claim_from, Plan::Full => &stmts.claim };
+                        self.fetch(&stmts, stmt, &v).await?
+                    };
+                    if !Statements::lacks(&stmts.claim_from) {
+                        let earliest = rows.iter().filter_map(|r| r.due).min();
+                        match plan {
+                            Plan::Full => self.inner.floors.after_full(queue, earliest, now, started.elapsed()),
+                            Plan::From(_) => self.inner.floors.after_bounded(queue, earliest),
+                        }
+                    }
+                    // Nothing due: on SQLite, look for rows whose `retry_after` is no timestamp
+                    // and would wait forever (see `Statements::claim_strays`).
+                    let rows = if rows.is_empty() && !Statements::lacks(&stmts.claim_strays) {
+                        self.fetch(&stmts, &stmts.claim_strays, &v).await?
+                    } else {
+                        rows
+                    };
+                    if !rows.is_empty() {
+                        let mut out = Vec::with_capacity(rows.len());
+                        for mut r in rows {
+                            // An id the table's type does not describe (a text in an SQLite
+                            // integer column) is fenced on as it reads.
+                            let id = IdValue::parse(&stmts.table, &r.id).unwrap_or_else(|_| IdValue::Text(r.id.clone()));
+                            // A row that cannot be read is dead-lettered by itself; the others
+                            // of the claim run.
+                            if let Some(problem) = r.problem.take() {
+                                self.dead_letter_unreadable(queue, r, id, lease, &problem).await;
+                                continue;
+                            }
+                            let doc = HeaderDoc::parse(r.headers.as_deref());
+                            let envelope = self.envelope_of(queue, &r, &doc);
+                            out.push(Delivery {
+                                envelope,
+                                receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease)),
+                            });
+                        }
+                        self.inner.idle.lock().expect("idle lock").remove(queue);
+                        if out.is_empty() {
+                            // Every row claimed was unreadable, and is gone: claim again.
+                            continue;
+                        }
+                        return Ok(out);
+                    }
+                    // Empty: look again at the next due time or after the poll interval. A row
+                    // due already but not claimable (its FIFO group is busy) waits for a wake-up
+                    // or the poll; one that became due just now is looked for once more at once.
+                    let next = self.next_due_from(&stmts, queue, plan).await;
+                    let mut until = tokio::time::Instant::now() + self.broker.poll;
+                    if let Some(t) = next {
+                        match (t - self.broker.now()).to_std() {
+                            Ok(d) if !d.is_zero() => until = until.min(tokio::time::Instant::now() + d),
+                            _ if !looked_again => {
+                                looked_again = true;
+                                continue;
+                            }
+                            _ => {}
+                        }
+                    }
+                    self.inner.idle.lock().expect("idle lock").insert(queue.to_owned(), Idle { until, wakes });
+                    }
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    if left.is_zero() {
+                        return Ok(Vec::new());
+                    }
+                    let clock_changed = async {
+                        match clock_rx.as_mut() {
+                            Some(rx) => {
+                                if rx.changed().await.is_err() {
+                                    std::future::pending::<()>().await;
+                                }
+                            }
+                            None => std::future::pending::<()>().await,
+                        }
+                    };
+                    let until = self.inner.idle.lock().expect("idle lock").get(queue).map(|i| i.until);
+                    let nap = until.map_or(left, |u| left.min(u.saturating_duration_since(tokio::time::Instant::now())));
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = clock_changed => {
+                            self.inner.idle.lock().expect("idle lock").remove(queue);
+                            self.inner.floors.reset(queue);
+                        }
+                        _ = tokio::time::sleep(nap) => {}
+                    }
+                }
+            }
+
+            async fn renew_row(&self, queue: &str, receipt: &SqlReceipt) -> Result<bool, BrokerError> {
+                let stmts = self.stmts_for(queue)?;
+                let mut conn = acquire(self.pool()?).await?;
+                let new = self.broker.now() + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
+                let v = Vals { new_lease: Some(new), id: Some(receipt.id.clone()), leases: Some(receipt.leases()), ..Vals::default() };
+                match query(&stmts.renew, &v, &stmts.table).execute(&mut *conn).await {
+                    Ok(done) => {
+                        let renewed = done.rows_affected() == 1;
+                        if renewed {
+                            receipt.confirmed(new);
+                        } else if receipt.settle_failed.load(std::sync::atomic::Ordering::SeqCst) {
+                            // Not "lost": the settlement tried before may have taken effect
+                            // (released or deleted the row) and only its reply was lost. The
+                            // settlement's next try tells.
+                            return Err(BrokerError::Backend(
+                                "the row is no longer leased to this delivery: the settlement tried before may have taken effect (its reply was lost)".to_owned(),
+                            ));
+                        }
+                        Ok(renewed)
+                    }
+                    Err(e) => {
+                        // Sent, and no reply: it may have committed. The fence accepts both.
+                        receipt.maybe(new);
+                        Err(db_err(e))
+                    }
+                }
+            }
+
+            async fn settle_row(&self, queue: &str, delivery: &Delivery<SqlReceipt>, settlement: Settlement) -> Result<Settled, BrokerError> {
+                let stmts = self.stmts_for(queue)?;
+                let now = self.broker.now();
+                let receipt = &delivery.receipt;
+                let leases = receipt.leases();
+                let base = || Vals { id: Some(receipt.id.clone()), leases: Some(leases), now: Some(now), ..Vals::default() };
+                if matches!(settlement, Settlement::Ack | Settlement::Drop) && Arc::ptr_eq(&stmts, self.stmts()?) {
+                    let n = u64::from(self.ack_batched(receipt.id.clone(), leases).await?);
+                    self.broker.wake_all();
+                    return Ok(if n == 1 { Settled::Done } else { Settled::LeaseLost });
+                }
+                let mut conn = acquire(self.pool()?).await?;
+                let pool = &mut *conn;
+                let n = match settlement {
+                    Settlement::Ack | Settlement::Drop => {
+                        query(&stmts.delete_fenced, &base(), &stmts.table).execute(&mut *pool).await.map_err(db_err)?.rows_affected()
+                    }
+                    Settlement::Retry { delay, failure } => {
+                        if stmts.table.retry_after.is_none() && !delay.is_zero() {
+                            tracing::warn!(table = stmts.table.name, "no retry_after column: the row is due again at once instead of in {delay:?}");
+                        }
+                        let keep_place = stmts.table.fifo && delay.is_zero();
+                        let stmt = if keep_place { &stmts.retry_keep_place } else { &stmts.retry };
+                        let v = Vals {
+                            due: Some(if delay.is_zero() {
+                                now - BACKDATE
+                            } else {
+                                now + stagedoor_jobs::broker::chrono_duration(delay)
+                            }),
+                            error: Some(failure.error.clone()),
+                            ..base()
+                        };
+                        query(stmt, &v, &stmts.table).execute(&mut *pool).await.map_err(db_err)?.rows_affected()
+                    }
+                    Settlement::DeadLetter { target, failure } => {
+                        let env = &delivery.envelope;
+                        let h = env.headers();
+                        let doc = HeaderDoc {
+                            kind: (env.kind() != queue).then(|| env.kind().to_owned()),
+                            job_id: Some(env.id().to_string()),
+                            request_id: h.request_id.clone(),
+                            trace: h.trace.clone(),
+                            extra: h.extra.clone(),
+                            origin: Some(queue.to_owned()),
+                            traceback: Some(failure.traceback.clone()),
+                            error: Some(failure.error.clone()),
+                            failed_at: Some(now),
+                        };
+                        let v = Vals {
+                            target: Some(target.clone()),
+                            error: Some(failure.error.clone()),
+                            headers: Some(doc.to_json()),
+                            // The attempts spent: this delivery's number.
+                            attempt: i64::from(env.attempt()),
+                            ..base()
+                        };
+                        if self.grouped() {
+                            query(&stmts.dead_group, &v, &stmts.table).execute(&mut *pool).await.map_err(db_err)?.rows_affected()
+                        } else {
+                            // The table form: copy into the dead table and delete, in one transaction.
+                            let dead = self.dead_table(&target)?;
+                            let mut tx = sqlx::Connection::begin(&mut *pool).await.map_err(db_err)?;
+                            let copy = stmts.copy_into(&target, true);
+                            let n = query(&copy, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+                            if n == 1 {
+                                query(&dead.mark_dead, &v, &dead.table).execute(&mut *tx).await.map_err(db_err)?;
+                                query(&stmts.delete_by_id, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?;
+                                tx.commit().await.map_err(db_err)?;
+                            }
+                            n
+                        }
+                    }
+                };
+                self.broker.wake_all();
+                Ok(if n == 1 { Settled::Done } else { Settled::LeaseLost })
+            }
+
+            async fn publish_rows(&self, queue: &str, jobs: Vec<(Envelope, Option<DateTime<Utc>>)>) -> Result<Vec<Published>, BrokerError> {
+                let stmts = Arc::clone(self.stmts()?);
+                if jobs.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let mut vals = Vec::with_capacity(jobs.len());
+                for (envelope, at) in &jobs {
+                    vals.push(self.encode_job(queue, envelope, *at)?);
+                }
+                let mut returned = Vec::with_capacity(vals.len());
+                if let [v] = &vals[..] {
+                    // One job: one statement (its NOTIFY included on Postgres).
+                    let mut conn = acquire(self.pool()?).await?;
+                    let rows = $module::query(&stmts.insert_notify, v, self.table()).fetch_all(&mut *conn).await.map_err(db_err)?;
+                    returned = $module::returned_ids(&rows)?;
+                } else {
+                    let mut conn = acquire(self.pool()?).await?;
+                    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
+                    if keyed_by_row(self.table()) {
+                        // Each job's id is the row id the database generates: a statement per
+                        // row tells which is which (a multi-row insert returns its ids in no
+                        // promised order).
+                        for v in &vals {
+                            let rows = $module::query(&stmts.insert, v, self.table()).fetch_all(&mut *tx).await.map_err(db_err)?;
+                            returned.extend($module::returned_ids(&rows)?);
+                        }
+                    } else {
+                        // Multi-row inserts of up to MAX_ROWS rows, all in one transaction.
+                        let mut rest = &vals[..];
+                        for n in chunks(vals.len()) {
+                            let (chunk, more) = rest.split_at(n);
+                            rest = more;
+                            let (sql, template) = stmts.insert_many(n);
+                            let rows = $module::query_rows(sql, template, chunk, self.table()).fetch_all(&mut *tx).await.map_err(db_err)?;
+                            returned.extend($module::returned_ids(&rows)?);
+                        }
+                    }
+                    self.notify_in(&mut tx, queue).await?;
+                    tx.commit().await.map_err(db_err)?;
+                }
+                self.broker.wake_all();
+                let envelopes: Vec<&Envelope> = jobs.iter().map(|(e, _)| e).collect();
+                reports(self.table(), queue, &envelopes, returned)
+            }
+
+            /// [`Broker::publish_once`]: in one transaction, takes `guard` in `stagedoor_locks`
+            /// (a new row, or one whose `until_at` has passed) and inserts the job as
+            /// [`publish`](Broker::publish) does; when the guard is held, stores nothing.
+            async fn publish_guarded(&self, queue: &str, job: (Envelope, Option<DateTime<Utc>>), guard: &str, ttl: Duration) -> Result<Published, BrokerError> {
+                let stmts = Arc::clone(self.stmts()?);
+                let (envelope, at) = job;
+                let v = self.encode_job(queue, &envelope, at)?;
+                let pool = self.pool()?;
+                ensure_bookkeeping(&self.broker, pool).await?;
+                let mut conn = acquire(pool).await?;
+                let now = self.broker.now();
+                let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
+                let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
+                let taken = sqlx::query("INSERT INTO stagedoor_locks (lock_key, token, until_at) VALUES ($1, $2, $3) ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token, until_at = excluded.until_at WHERE stagedoor_locks.until_at <= $4")
+                    .bind(guard)
+                    .bind(envelope.id().as_str().to_owned())
+                    .bind(until)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err)?
+                    .rows_affected()
+                    == 1;
+                if !taken {
+                    tx.rollback().await.map_err(db_err)?;
+                    return Ok(Published::already_there(envelope.id().clone()));
+                }
+                let rows = $module::query(&stmts.insert_notify, &v, self.table()).fetch_all(&mut *tx).await.map_err(db_err)?;
+                let returned = $module::returned_ids(&rows)?;
+                tx.commit().await.map_err(db_err)?;
+                self.broker.wake_all();
+                let mut out = reports(self.table(), queue, &[&envelope], returned)?;
+                out.pop().ok_or_else(|| BrokerError::Backend("a publish of one job reported nothing".to_owned()))
+            }
+
+            /// The database's clock: Postgres `now()` (autocommit: the statement's time),
+            /// SQLite's `'now'` (this machine's clock as the database reads it, in
+            /// milliseconds).
+            async fn database_time(&self) -> Result<DateTime<Utc>, BrokerError> {
+                let mut conn = acquire(self.pool()?).await?;
+                if <$db as sealed::Sealed>::FLAVOR == Flavor::Postgres {
+                    return sqlx::query_scalar::<$db, DateTime<Utc>>("SELECT now()")
+                        .fetch_one(&mut *conn)
+                        .await
+                        .map_err(db_err);
+                }
+                let text = sqlx::query_scalar::<$db, String>("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(db_err)?;
+                DateTime::parse_from_rfc3339(&text)
+                    .map(|t| t.with_timezone(&Utc))
+                    .map_err(|e| BrokerError::Backend(format!("the database's clock read `{text}`, which is not a time: {e}")))
+            }
+
+        }
     };
 }
 
@@ -1754,6 +2060,45 @@ mod tests {
             pg_time(-1).map(|t| t.to_rfc3339()),
             Some("1999-12-31T23:59:59.999999+00:00".to_owned())
         );
+    }
+
+    #[test]
+    fn connection_errors_are_told_from_statement_errors() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(is_connection_error(&sqlx::Error::Io(refused)));
+        assert!(is_connection_error(&sqlx::Error::PoolTimedOut));
+        assert!(is_connection_error(&sqlx::Error::PoolClosed));
+        assert!(!is_connection_error(&sqlx::Error::RowNotFound));
+        assert!(!is_connection_error(&sqlx::Error::Protocol(
+            "unexpected".to_owned()
+        )));
+        assert!(matches!(
+            db_err(sqlx::Error::PoolTimedOut),
+            BrokerError::Connection(_)
+        ));
+        assert!(matches!(
+            db_err(sqlx::Error::RowNotFound),
+            BrokerError::Backend(_)
+        ));
+    }
+
+    #[test]
+    fn a_fence_accepts_the_leases_a_lost_reply_may_have_set() {
+        let t = |s: i64| DateTime::from_timestamp(s, 0).expect("a time");
+        let r = SqlReceipt::new(IdValue::Int(1), t(10));
+        assert_eq!(r.leases(), [t(10); crate::sql::FENCES]);
+        r.maybe(t(11));
+        r.maybe(t(12));
+        assert_eq!(r.leases(), [t(10), t(12), t(11), t(10)]);
+        r.maybe(t(13));
+        r.maybe(t(14));
+        assert_eq!(
+            r.leases(),
+            [t(10), t(14), t(13), t(12)],
+            "the newest unsure values"
+        );
+        r.confirmed(t(20));
+        assert_eq!(r.leases(), [t(20); crate::sql::FENCES]);
     }
 
     #[test]

@@ -20,6 +20,16 @@ pub(crate) enum P {
     Id,
     /// The lease a delivery holds (the fence).
     Lease,
+    /// The other values the fence accepts: leases this delivery tried to set by a statement
+    /// whose reply was lost (it may have committed). Padded with [`P::Lease`].
+    Fence1,
+    /// See [`P::Fence1`].
+    Fence2,
+    /// See [`P::Fence1`].
+    Fence3,
+    /// The claim takes a row whose lease ran out at or before this time: now, or long ago while
+    /// the broker is cautious after a connection error.
+    Reclaim,
     /// A new lease.
     NewLease,
     /// The group (queue) read or written.
@@ -71,6 +81,19 @@ impl Stmt {
     fn is_empty(&self) -> bool {
         self.sql.is_empty()
     }
+}
+
+/// How many lease values a fence accepts: the one last confirmed and up to three a statement
+/// may have set without its reply arriving.
+pub(crate) const FENCES: usize = 4;
+
+/// The fence of statement `s`: the row's lease is one this delivery set.
+fn fence(s: &mut Stmt, locked: &str) -> String {
+    let ps: Vec<String> = [P::Lease, P::Fence1, P::Fence2, P::Fence3]
+        .into_iter()
+        .map(|p| s.p(p))
+        .collect();
+    format!("{locked} IN ({})", ps.join(", "))
 }
 
 /// The channel Postgres workers listen on.
@@ -263,8 +286,10 @@ impl Statements {
             let mut claim = Stmt::default();
             let lease = claim.p(P::NewLease);
             let g = claim.p(P::Group);
-            let now = claim.p(P::Now);
-            let mut cond = vec![format!("({locked} IS NULL OR {locked} <= {now})")];
+            // `now` is bound only where a condition reads it (a table without `retry_after`
+            // and FIFO reads none: an unused parameter has no type Postgres can infer).
+            let reclaim = claim.p(P::Reclaim);
+            let mut cond = vec![format!("({locked} IS NULL OR {locked} <= {reclaim})")];
             if let Some(gc) = &group {
                 cond.push(format!("{gc} = {g}"));
             } else {
@@ -277,6 +302,7 @@ impl Statements {
                     // row would never be due and never read.
                     cond.push(format!("{d} >= ':'"));
                 } else {
+                    let now = claim.p(P::Now);
                     cond.push(format!("{d} <= {now}"));
                 }
                 if floor {
@@ -285,6 +311,7 @@ impl Statements {
                 }
             }
             if let (Some(gc), true) = (&group, table.fifo) {
+                let now = claim.p(P::Now);
                 cond.push(format!(
                     "NOT EXISTS (SELECT 1 FROM {t} AS busy WHERE busy.{gc} = {g} AND busy.{locked} > {now})"
                 ));
@@ -342,15 +369,15 @@ impl Statements {
         {
             let new = renew.p(P::NewLease);
             let idc = id_cond(&mut renew);
-            let old = renew.p(P::Lease);
-            renew.sql = format!("UPDATE {t} SET {locked} = {new} WHERE {idc} AND {locked} = {old}");
+            let f = fence(&mut renew, &locked);
+            renew.sql = format!("UPDATE {t} SET {locked} = {new} WHERE {idc} AND {f}");
         }
 
         let mut delete_fenced = Stmt::default();
         {
             let idc = id_cond(&mut delete_fenced);
-            let l = delete_fenced.p(P::Lease);
-            delete_fenced.sql = format!("DELETE FROM {t} WHERE {idc} AND {locked} = {l}");
+            let f = fence(&mut delete_fenced, &locked);
+            delete_fenced.sql = format!("DELETE FROM {t} WHERE {idc} AND {f}");
         }
 
         let build_retry = |move_due: bool| {
@@ -365,11 +392,8 @@ impl Statements {
                 sets.push(format!("{e} = {p}"));
             }
             let idc = id_cond(&mut s);
-            let l = s.p(P::Lease);
-            s.sql = format!(
-                "UPDATE {t} SET {} WHERE {idc} AND {locked} = {l}",
-                sets.join(", ")
-            );
+            let f = fence(&mut s, &locked);
+            s.sql = format!("UPDATE {t} SET {} WHERE {idc} AND {f}", sets.join(", "));
             s
         };
         let retry = build_retry(true);
@@ -399,11 +423,8 @@ impl Statements {
                 sets.push(format!("{h} = {p}"));
             }
             let idc = id_cond(s);
-            let l = s.p(P::Lease);
-            s.sql = format!(
-                "UPDATE {t} SET {} WHERE {idc} AND {locked} = {l}",
-                sets.join(", ")
-            );
+            let f = fence(s, &locked);
+            s.sql = format!("UPDATE {t} SET {} WHERE {idc} AND {f}", sets.join(", "));
         }
 
         let mut insert = Stmt::default();
@@ -646,12 +667,22 @@ impl Statements {
         (sql, &self.insert_row)
     }
 
-    /// A fenced delete of `n` rows (at most [`MAX_ROWS`]): binds id and lease of each, in
-    /// order; returns the id (as text) of every row it deleted.
+    /// A fenced delete of `n` rows (at most [`MAX_ROWS`]): binds the id and the [`FENCES`]
+    /// lease values of each, in order; returns the id (as text) of every row it deleted.
     pub(crate) fn delete_many(&self, n: usize) -> String {
         let (id, locked) = (&self.id_col, &self.locked_col);
+        let per = 1 + FENCES;
         let conds: Vec<String> = (0..n)
-            .map(|i| format!("({id} = ${} AND {locked} = ${})", 2 * i + 1, 2 * i + 2))
+            .map(|i| {
+                let leases: Vec<String> = (0..FENCES)
+                    .map(|k| format!("${}", per * i + 2 + k))
+                    .collect();
+                format!(
+                    "({id} = ${} AND {locked} IN ({}))",
+                    per * i + 1,
+                    leases.join(", ")
+                )
+            })
             .collect();
         format!(
             "DELETE FROM {} WHERE {} RETURNING CAST({id} AS TEXT)",
@@ -680,8 +711,8 @@ impl Statements {
         let idp = s.p(P::Id);
         let mut cond = format!("{} = {idp}", q(self.table.id.name));
         if fenced {
-            let l = s.p(P::Lease);
-            cond.push_str(&format!(" AND {locked} = {l}"));
+            let f = fence(&mut s, &locked);
+            cond.push_str(&format!(" AND {f}"));
         }
         s.sql = format!(
             "INSERT INTO {target} ({cols}) SELECT {cols} FROM {} WHERE {cond}",
