@@ -38,6 +38,10 @@ use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{Broker, BrokerError, JobId, Running, ServiceError};
 use stagedoor_jobs_redis::{RedisBroker, Stream};
 
+#[allow(dead_code)]
+mod common_redis;
+use common_redis::{env_url, fresh_namespace};
+
 /// The longest a test waits for something that should happen.
 const PATIENCE: Duration = Duration::from_secs(60);
 /// The queue of every test.
@@ -48,28 +52,9 @@ struct Msg {
     n: u64,
 }
 
+/// The shared test server's URL (`REDIS_URL`; a missing one fails the test).
 fn shared_url() -> String {
-    match std::env::var("REDIS_URL") {
-        Ok(u) if !u.is_empty() => u,
-        _ => panic!(
-            "REDIS_URL is not set: run the tests with `scripts/test-all -- cargo test --workspace --test redis_recovery`, which starts Redis and exports it (and puts redis-server on PATH)"
-        ),
-    }
-}
-
-/// A namespace no other test or run uses.
-fn fresh_namespace(prefix: &str) -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    format!(
-        "{prefix}{}-{}-{}:",
-        std::process::id(),
-        nanos % 1_000_000_000_000,
-        N.fetch_add(1, Ordering::SeqCst)
-    )
+    env_url("REDIS_URL")
 }
 
 /// Polls `cond` until it holds, at most `patience`.
