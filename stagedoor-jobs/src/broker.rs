@@ -499,10 +499,7 @@ pub fn mask_url(url: &str) -> String {
         .join(",")
 }
 
-/// A `std` duration as a `chrono` one, saturating (a delay too long for chrono is "never").
-pub fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-}
+pub use crate::clock::chrono_duration;
 
 /// A derived job id for a schedule tick, so a duplicate enqueue of the tick is recognised.
 pub fn tick_job_id(schedule: &str, tick: DateTime<Utc>) -> JobId {

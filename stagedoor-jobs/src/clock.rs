@@ -14,6 +14,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
+/// A `std` duration as a `chrono` one, saturating (a delay too long for chrono is "never").
+pub fn chrono_duration(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
 /// How often the runtime measures a broker's clock against the backend's.
 pub const SYNC_EVERY: Duration = Duration::from_secs(30);
 
@@ -138,7 +143,7 @@ impl Clock {
 
     /// Moves a manual clock forward by `d`.
     pub fn advance(&self, d: std::time::Duration) {
-        let t = self.now() + crate::broker::chrono_duration(d);
+        let t = self.now() + chrono_duration(d);
         self.set(t);
     }
 

@@ -155,7 +155,7 @@ impl RunAt {
     pub fn resolve(self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
         match self {
             RunAt::Now => None,
-            RunAt::After(d) => Some(now + crate::broker::chrono_duration(d)),
+            RunAt::After(d) => Some(now + crate::clock::chrono_duration(d)),
             RunAt::At(t) => Some(t),
         }
     }

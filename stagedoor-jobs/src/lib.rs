@@ -58,6 +58,7 @@ extern crate self as stagedoor_jobs;
 mod backoff;
 pub mod broker;
 mod clock;
+mod counters;
 mod envelope;
 mod extract;
 mod handler;

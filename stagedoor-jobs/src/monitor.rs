@@ -28,7 +28,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, watch};
 
-use crate::broker::{DeadSelector, Settlement};
+use crate::broker::DeadSelector;
 use crate::runtime::ErasedRoute;
 
 /// A dead letter that went from empty to not empty: every entry there is a job that needs a
@@ -54,30 +54,6 @@ type Watched = (
 
 /// The alert hook: called once per transition from empty to not empty, by one worker.
 pub(crate) type AlertHook = Arc<dyn Fn(&DeadLetterAlert) + Send + Sync>;
-
-/// Counts one settled delivery.
-pub(crate) fn count(queue: &str, kind: &str, settlement: &Settlement) {
-    let labels = [("queue", queue.to_owned()), ("kind", kind.to_owned())];
-    metrics::counter!("stagedoor_jobs_processed_total", &labels).increment(1);
-    match settlement {
-        Settlement::Ack => {}
-        Settlement::Drop => metrics::counter!("stagedoor_jobs_dropped_total", &labels).increment(1),
-        Settlement::Retry { .. } => {
-            metrics::counter!("stagedoor_jobs_failed_total", &labels).increment(1);
-            metrics::counter!("stagedoor_jobs_retried_total", &labels).increment(1);
-        }
-        Settlement::DeadLetter { .. } => {
-            metrics::counter!("stagedoor_jobs_failed_total", &labels).increment(1);
-            metrics::counter!("stagedoor_jobs_dead_lettered_total", &labels).increment(1);
-        }
-    }
-}
-
-/// Records how long a handler ran.
-pub(crate) fn handler_duration(queue: &str, kind: &str, d: Duration) {
-    metrics::histogram!("stagedoor_jobs_handler_duration_seconds", "queue" => queue.to_owned(), "kind" => kind.to_owned())
-        .record(d.as_secs_f64());
-}
 
 /// How long a page lock is held: the same incident is not paged again within it.
 const PAGE_LOCK_TTL: Duration = Duration::from_secs(24 * 60 * 60);

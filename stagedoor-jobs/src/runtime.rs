@@ -631,7 +631,7 @@ impl<B: Broker> Worker<B> {
                 ));
                 let started = std::time::Instant::now();
                 let ran = CatchPanic::new(spec.handler.run(ctx)).await;
-                crate::monitor::handler_duration(&self.queue.name, env.kind(), started.elapsed());
+                crate::counters::handler_duration(&self.queue.name, env.kind(), started.elapsed());
                 ran
             };
             let ran = self.with_renewal(&delivery, run).await;
@@ -770,7 +770,7 @@ impl<B: Broker> Worker<B> {
                     if failures > 0 {
                         tracing::info!("settled after {failures} failed tries");
                     }
-                    crate::monitor::count(&self.queue.name, delivery.envelope.kind(), &settlement);
+                    crate::counters::count(&self.queue.name, delivery.envelope.kind(), &settlement);
                     if matches!(settlement, Settlement::DeadLetter { .. }) {
                         self.ctx.dead_lettered.notify_one();
                     }
