@@ -48,6 +48,7 @@ use sqlx::Connection;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
 use stagedoor_jobs::broker::Broker;
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::{Envelope, JobId};
 use stagedoor_jobs_redis::RedisBroker;
 use stagedoor_jobs_sqlx::SqlxRoute;

@@ -13,6 +13,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
 use stagedoor_jobs::RouteBuilder;
 use stagedoor_jobs::broker::Broker;
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs_sqlx::SqlxRoute;
 use stagedoor_jobs_sqlx::prelude::*;
 

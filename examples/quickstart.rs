@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use stagedoor_jobs::broker::Broker;
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::prelude::*;
 
 #[derive(Debug, Serialize, Deserialize)]

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use sqlx::Connection;
 use sqlx::sqlite::SqlitePoolOptions;
-use stagedoor_jobs::broker::Broker;
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::{Health, LoopState, Running};
 use stagedoor_jobs_sqlx::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use stagedoor_jobs::broker::Broker;
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs_redis::{RedisBroker, Stream};
 

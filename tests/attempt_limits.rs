@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::broker::{Broker, MAX_ATTEMPT};
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::testing::Outcome;

@@ -20,6 +20,7 @@ use sqlx::Connection;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::SqlitePoolOptions;
 use stagedoor_jobs::broker::Broker;
+use stagedoor_jobs::broker::DeadLetters;
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{Envelope, Inbox};
 use stagedoor_jobs_redis::RedisBroker;

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use common::{Db, Sql, ddl};
 use serde::{Deserialize, Serialize};
-use stagedoor_jobs::{Broker, Data, DeadSelector, Publish, Published};
+use stagedoor_jobs::{Data, DeadSelector, Publish, Published};
 use stagedoor_jobs_sqlx::prelude::*;
 
 /// The group-form tables: `{id}` is filled per database (an integer key the database fills).
@@ -312,6 +312,7 @@ async fn publish_in_returns_the_row_id_postgres() {
 }
 
 use common::on_both;
+use stagedoor_jobs::broker::Inspect;
 
 on_both!(
     generated_id_without_headers,

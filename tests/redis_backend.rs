@@ -32,6 +32,7 @@ use common_redis::{Raw, cluster_urls, env_url};
 use redis::{Cmd, Value, cmd};
 use serde_json::{Value as Json, json};
 use stagedoor_jobs::broker::Delivery;
+use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{Broker, DeadSelector, Envelope, Running, ServiceError};
 use stagedoor_jobs_redis::{RedisBroker, RedisReceipt, Stream};

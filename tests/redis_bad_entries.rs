@@ -24,6 +24,7 @@ use std::time::Duration;
 use common_redis::{Raw, cluster_urls, env_url};
 use redis::{Cmd, Value, cmd};
 use stagedoor_jobs::broker::MAX_ATTEMPT;
+use stagedoor_jobs::broker::{DeadLetters, Inspect};
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::testing::{Outcome, TestApp};
 use stagedoor_jobs_redis::RedisBroker;

@@ -24,6 +24,7 @@ use std::time::Duration;
 use chrono::Utc;
 use redis::{Value, cmd};
 use serde::{Deserialize, Serialize};
+use stagedoor_jobs::broker::{DeadLetters, Inspect};
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{Broker, DeadSelector, Running};
 use stagedoor_jobs_redis::{RedisBroker, Stream};

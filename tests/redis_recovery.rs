@@ -41,6 +41,7 @@ use stagedoor_jobs_redis::{RedisBroker, Stream};
 #[allow(dead_code)]
 mod common_redis;
 use common_redis::{env_url, fresh_namespace};
+use stagedoor_jobs::broker::{DeadLetters, Inspect};
 
 /// The longest a test waits for something that should happen.
 const PATIENCE: Duration = Duration::from_secs(60);

@@ -32,6 +32,7 @@ use chrono::{DateTime, Utc};
 use common::{Db as SqlDb, Lite, Pg, Sql as _, eventually};
 use serde_json::json;
 use stagedoor_jobs::broker::tick_job_id;
+use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::schedule::{Tz, chrono_tz};
 use stagedoor_jobs::testing::Outcome;
@@ -1584,24 +1585,114 @@ struct Dying<B> {
     die: Arc<DieAt>,
 }
 
-impl<B: Broker> Broker for Dying<B> {
-    type Receipt = B::Receipt;
-
+impl<B: Broker> Inspect for Dying<B> {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+
     async fn connect(&self) -> Result<(), stagedoor_jobs::BrokerError> {
         self.inner.connect().await
     }
+
+    async fn stats(
+        &self,
+        queue: &str,
+    ) -> Result<stagedoor_jobs::QueueStats, stagedoor_jobs::BrokerError> {
+        self.inner.stats(queue).await
+    }
+
+    async fn queues(&self) -> Result<Vec<String>, stagedoor_jobs::BrokerError> {
+        self.inner.queues().await
+    }
+
+    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        self.inner.next_due(queue).await
+    }
+}
+
+impl<B: Broker> DeadLetters for Dying<B> {
+    async fn dead_letters(
+        &self,
+        dead: &str,
+        selector: &stagedoor_jobs::DeadSelector,
+        limit: usize,
+    ) -> Result<Vec<stagedoor_jobs::DeadLetter>, stagedoor_jobs::BrokerError> {
+        self.inner.dead_letters(dead, selector, limit).await
+    }
+
+    async fn replay(
+        &self,
+        dead: &str,
+        selector: &stagedoor_jobs::DeadSelector,
+    ) -> Result<stagedoor_jobs::ReplayReport, stagedoor_jobs::BrokerError> {
+        self.inner.replay(dead, selector).await
+    }
+
+    async fn purge(
+        &self,
+        dead: &str,
+        selector: &stagedoor_jobs::DeadSelector,
+    ) -> Result<u64, stagedoor_jobs::BrokerError> {
+        self.inner.purge(dead, selector).await
+    }
+
+    async fn dead_len(&self, dead: &str) -> Result<u64, stagedoor_jobs::BrokerError> {
+        self.inner.dead_len(dead).await
+    }
+
+    fn default_dead_letter(&self, queue: &str) -> String {
+        self.inner.default_dead_letter(queue)
+    }
+}
+
+impl<B: Broker> Locks for Dying<B> {
+    async fn try_lock(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, stagedoor_jobs::BrokerError> {
+        let taken = self.inner.try_lock(key, token, ttl).await;
+        if key.starts_with("sched:") && self.die.is_the_one() && matches!(taken, Ok(true)) {
+            self.die.die().await;
+        }
+        taken
+    }
+
+    async fn unlock(&self, key: &str, token: &str) -> Result<(), stagedoor_jobs::BrokerError> {
+        self.inner.unlock(key, token).await
+    }
+
+    async fn last_tick(
+        &self,
+        schedule: &str,
+    ) -> Result<Option<DateTime<Utc>>, stagedoor_jobs::BrokerError> {
+        self.inner.last_tick(schedule).await
+    }
+
+    async fn mark_tick(
+        &self,
+        schedule: &str,
+        tick: DateTime<Utc>,
+    ) -> Result<(), stagedoor_jobs::BrokerError> {
+        self.inner.mark_tick(schedule, tick).await
+    }
+}
+
+impl<B: Broker> Broker for Dying<B> {
+    type Receipt = B::Receipt;
+
     async fn check(
         &self,
         mounts: &[stagedoor_jobs::broker::MountInfo],
     ) -> Vec<stagedoor_jobs::broker::Problem> {
         self.inner.check(mounts).await
     }
+
     async fn prepare(&self, queue: &str) -> Result<(), stagedoor_jobs::BrokerError> {
         self.inner.prepare(queue).await
     }
+
     async fn claim(
         &self,
         queue: &str,
@@ -1611,6 +1702,7 @@ impl<B: Broker> Broker for Dying<B> {
     {
         self.inner.claim(queue, max, wait).await
     }
+
     async fn renew(
         &self,
         queue: &str,
@@ -1618,6 +1710,7 @@ impl<B: Broker> Broker for Dying<B> {
     ) -> Result<bool, stagedoor_jobs::BrokerError> {
         self.inner.renew(queue, receipt).await
     }
+
     async fn settle(
         &self,
         queue: &str,
@@ -1626,6 +1719,7 @@ impl<B: Broker> Broker for Dying<B> {
     ) -> Result<stagedoor_jobs::broker::Settled, stagedoor_jobs::BrokerError> {
         self.inner.settle(queue, delivery, settlement).await
     }
+
     async fn publish(
         &self,
         queue: &str,
@@ -1633,6 +1727,7 @@ impl<B: Broker> Broker for Dying<B> {
     ) -> Result<Vec<stagedoor_jobs::Published>, stagedoor_jobs::BrokerError> {
         self.inner.publish(queue, jobs).await
     }
+
     async fn publish_once(
         &self,
         queue: &str,
@@ -1650,85 +1745,21 @@ impl<B: Broker> Broker for Dying<B> {
         }
         out
     }
-    async fn try_lock(
-        &self,
-        key: &str,
-        token: &str,
-        ttl: Duration,
-    ) -> Result<bool, stagedoor_jobs::BrokerError> {
-        let taken = self.inner.try_lock(key, token, ttl).await;
-        if key.starts_with("sched:") && self.die.is_the_one() && matches!(taken, Ok(true)) {
-            self.die.die().await;
-        }
-        taken
-    }
-    async fn unlock(&self, key: &str, token: &str) -> Result<(), stagedoor_jobs::BrokerError> {
-        self.inner.unlock(key, token).await
-    }
-    async fn last_tick(
-        &self,
-        schedule: &str,
-    ) -> Result<Option<DateTime<Utc>>, stagedoor_jobs::BrokerError> {
-        self.inner.last_tick(schedule).await
-    }
-    async fn mark_tick(
-        &self,
-        schedule: &str,
-        tick: DateTime<Utc>,
-    ) -> Result<(), stagedoor_jobs::BrokerError> {
-        self.inner.mark_tick(schedule, tick).await
-    }
-    async fn dead_letters(
-        &self,
-        dead: &str,
-        selector: &stagedoor_jobs::DeadSelector,
-        limit: usize,
-    ) -> Result<Vec<stagedoor_jobs::DeadLetter>, stagedoor_jobs::BrokerError> {
-        self.inner.dead_letters(dead, selector, limit).await
-    }
-    async fn replay(
-        &self,
-        dead: &str,
-        selector: &stagedoor_jobs::DeadSelector,
-    ) -> Result<stagedoor_jobs::ReplayReport, stagedoor_jobs::BrokerError> {
-        self.inner.replay(dead, selector).await
-    }
-    async fn purge(
-        &self,
-        dead: &str,
-        selector: &stagedoor_jobs::DeadSelector,
-    ) -> Result<u64, stagedoor_jobs::BrokerError> {
-        self.inner.purge(dead, selector).await
-    }
-    async fn stats(
-        &self,
-        queue: &str,
-    ) -> Result<stagedoor_jobs::QueueStats, stagedoor_jobs::BrokerError> {
-        self.inner.stats(queue).await
-    }
-    async fn queues(&self) -> Result<Vec<String>, stagedoor_jobs::BrokerError> {
-        self.inner.queues().await
-    }
-    async fn dead_len(&self, dead: &str) -> Result<u64, stagedoor_jobs::BrokerError> {
-        self.inner.dead_len(dead).await
-    }
-    fn default_dead_letter(&self, queue: &str) -> String {
-        self.inner.default_dead_letter(queue)
-    }
+
     fn lease(&self) -> Duration {
         self.inner.lease()
     }
+
     async fn server_time(&self) -> Result<Option<DateTime<Utc>>, stagedoor_jobs::BrokerError> {
         self.inner.server_time().await
     }
+
     fn clock(&self) -> stagedoor_jobs::Clock {
         self.inner.clock()
     }
+
     fn use_clock(&self, clock: &stagedoor_jobs::Clock) -> bool {
         self.inner.use_clock(clock)
-    }
-    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-        self.inner.next_due(queue).await
     }
 }
 

@@ -544,6 +544,7 @@ async fn count<D: Db>(db: &D, sql: &str) -> i64 {
 }
 
 use common::on_both;
+use stagedoor_jobs::broker::{DeadLetters, Inspect};
 
 on_both!(
     table_dead_letter_moves_the_row_to_the_dead_table,

@@ -218,6 +218,7 @@ fn assert_claims_never_failed(app: &TestApp) {
 }
 
 use common::on_both;
+use stagedoor_jobs::broker::{DeadLetters, Inspect};
 
 on_both!(
     the_counter_saturates_and_a_count_below_one_is_a_first_delivery,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{Db, Lite, Pg, Sql, pg_options};
 use sqlx::Connection as _;
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::inbox::{Column, ColumnType, Table};
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{Broker, Inbox};

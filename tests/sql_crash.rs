@@ -26,7 +26,7 @@ use chrono::Utc;
 use common::{ConfRow, Db, Lite, Pg, Sql, conf_ddl, eventually};
 use serde::{Deserialize, Serialize};
 use stagedoor_jobs::prelude::*;
-use stagedoor_jobs::{Broker, DeadSelector, Running};
+use stagedoor_jobs::{DeadSelector, Running};
 
 /// The lease of every worker here: a dead worker's row is claimable again after it.
 const LEASE: Duration = Duration::from_secs(1);
@@ -362,6 +362,7 @@ async fn a_job_that_kills_its_workers_is_dead_lettered_after_its_cap<D: Db>() {
 }
 
 use common::on_both;
+use stagedoor_jobs::broker::{DeadLetters, Inspect};
 
 on_both!(
     a_worker_killed_inside_a_handler_loses_nothing,

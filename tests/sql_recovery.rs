@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use common::{ConfRow, Db, Lite, Pg, Sql, conf_ddl, eventually, on_both, pg_options};
 use serde::{Deserialize, Serialize};
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{Broker, Running};
 use stagedoor_jobs_sqlx::SqlxBroker;

@@ -15,6 +15,7 @@ use stagedoor_jobs::broker::{
     Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, QueueStats,
     ReplayReport, Settled, Settlement,
 };
+use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
 use stagedoor_jobs::memory::MemoryReceipt;
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::testing::Outcome;
@@ -73,21 +74,96 @@ impl Faulty {
     }
 }
 
-impl Broker for Faulty {
-    type Receipt = MemoryReceipt;
-
+impl Inspect for Faulty {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
+
     async fn connect(&self) -> Result<(), BrokerError> {
         self.inner.connect().await
     }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
+        if self
+            .faults
+            .stats_panics
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |e| e.checked_sub(1))
+            .is_ok()
+        {
+            panic!("injected: stats panics");
+        }
+        self.inner.stats(queue).await
+    }
+
+    async fn queues(&self) -> Result<Vec<String>, BrokerError> {
+        self.inner.queues().await
+    }
+
+    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        self.inner.next_due(queue).await
+    }
+}
+
+impl DeadLetters for Faulty {
+    async fn dead_letters(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
+        self.inner.dead_letters(dead, selector, limit).await
+    }
+
+    async fn replay(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> Result<ReplayReport, BrokerError> {
+        self.inner.replay(dead, selector).await
+    }
+
+    async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
+        self.inner.purge(dead, selector).await
+    }
+
+    async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
+        self.inner.dead_len(dead).await
+    }
+
+    fn default_dead_letter(&self, queue: &str) -> String {
+        self.inner.default_dead_letter(queue)
+    }
+}
+
+impl Locks for Faulty {
+    async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
+        self.inner.try_lock(key, token, ttl).await
+    }
+
+    async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
+        self.inner.unlock(key, token).await
+    }
+
+    async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
+        self.inner.last_tick(schedule).await
+    }
+
+    async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
+        self.inner.mark_tick(schedule, tick).await
+    }
+}
+
+impl Broker for Faulty {
+    type Receipt = MemoryReceipt;
+
     async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
         self.inner.check(mounts).await
     }
+
     async fn prepare(&self, queue: &str) -> Result<(), BrokerError> {
         self.inner.prepare(queue).await
     }
+
     async fn claim(
         &self,
         queue: &str,
@@ -119,10 +195,12 @@ impl Broker for Faulty {
         }
         Ok(got)
     }
+
     async fn renew(&self, queue: &str, receipt: &MemoryReceipt) -> Result<bool, BrokerError> {
         self.faults.renews.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(queue, receipt).await
     }
+
     async fn settle(
         &self,
         queue: &str,
@@ -142,6 +220,7 @@ impl Broker for Faulty {
         }
         self.inner.settle(queue, delivery, settlement).await
     }
+
     async fn publish(
         &self,
         queue: &str,
@@ -149,70 +228,20 @@ impl Broker for Faulty {
     ) -> Result<Vec<stagedoor_jobs::Published>, BrokerError> {
         self.inner.publish(queue, jobs).await
     }
-    async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
-        self.inner.try_lock(key, token, ttl).await
-    }
-    async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
-        self.inner.unlock(key, token).await
-    }
-    async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        self.inner.last_tick(schedule).await
-    }
-    async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
-        self.inner.mark_tick(schedule, tick).await
-    }
-    async fn dead_letters(
-        &self,
-        dead: &str,
-        selector: &DeadSelector,
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>, BrokerError> {
-        self.inner.dead_letters(dead, selector, limit).await
-    }
-    async fn replay(
-        &self,
-        dead: &str,
-        selector: &DeadSelector,
-    ) -> Result<ReplayReport, BrokerError> {
-        self.inner.replay(dead, selector).await
-    }
-    async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
-        self.inner.purge(dead, selector).await
-    }
-    async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
-        if self
-            .faults
-            .stats_panics
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |e| e.checked_sub(1))
-            .is_ok()
-        {
-            panic!("injected: stats panics");
-        }
-        self.inner.stats(queue).await
-    }
-    async fn queues(&self) -> Result<Vec<String>, BrokerError> {
-        self.inner.queues().await
-    }
-    async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
-        self.inner.dead_len(dead).await
-    }
-    fn default_dead_letter(&self, queue: &str) -> String {
-        self.inner.default_dead_letter(queue)
-    }
+
     fn lease(&self) -> Duration {
         if self.faults.zero_lease {
             return Duration::ZERO;
         }
         self.inner.lease()
     }
+
     fn clock(&self) -> Clock {
         self.inner.clock()
     }
+
     fn use_clock(&self, clock: &Clock) -> bool {
         self.inner.use_clock(clock)
-    }
-    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-        self.inner.next_due(queue).await
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::Connection as _;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
-use stagedoor_jobs::Broker;
+use stagedoor_jobs::DeadLetters;
 use stagedoor_jobs::inbox::Table;
 use stagedoor_jobs_redis::RedisBroker;
 use stagedoor_jobs_sqlx::{AnyTable, SqlxBroker, SqlxRoute};
@@ -15,6 +15,7 @@ use stagedoor_jobs_sqlx::{AnyTable, SqlxBroker, SqlxRoute};
 use super::Cli;
 use super::error::{Failure, mask};
 use super::introspect;
+use stagedoor_jobs::broker::Inspect;
 
 /// A connected backend.
 pub(crate) enum Opened {
@@ -77,7 +78,7 @@ impl Ctx {
     }
 
     /// The names of the queues and dead letters there are.
-    pub(crate) async fn queues<B: Broker>(
+    pub(crate) async fn queues<B: DeadLetters>(
         &self,
         b: &B,
     ) -> Result<Vec<String>, stagedoor_jobs::BrokerError> {
@@ -369,7 +370,7 @@ fn describe(
     ))
 }
 
-async fn connect_sql<B: Broker>(route: &B, timeout: Duration) -> Result<(), Failure> {
+async fn connect_sql<B: DeadLetters>(route: &B, timeout: Duration) -> Result<(), Failure> {
     match tokio::time::timeout(timeout, route.connect()).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(connect_error(e)),

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use stagedoor_jobs::{Broker, BrokerError, DeadLetter, DeadSelector, ReplayReport};
+use stagedoor_jobs::{BrokerError, DeadLetter, DeadLetters, DeadSelector, ReplayReport};
 
 use super::backend::Ctx;
 use super::error::{FAILED, Failure, OK};
@@ -23,7 +23,7 @@ const BAR_FROM: usize = 20;
 const ONE_BY_ONE_UP_TO: usize = 1_000;
 
 /// Runs `command` on broker `b`; returns the exit code.
-pub(crate) async fn run<B: Broker>(
+pub(crate) async fn run<B: DeadLetters>(
     b: &B,
     ctx: &Ctx,
     out: &Out,
@@ -90,7 +90,7 @@ struct QueueRow {
     oldest: Option<Duration>,
 }
 
-async fn queues<B: Broker>(b: &B, ctx: &Ctx, out: &Out) -> Result<u8, Failure> {
+async fn queues<B: DeadLetters>(b: &B, ctx: &Ctx, out: &Out) -> Result<u8, Failure> {
     let names = ctx.queues(b).await.map_err(Failure::broker)?;
     // A queue and its dead letter are one row; a dead letter whose queue is gone has a row too.
     let mut sources: BTreeSet<String> = BTreeSet::new();
@@ -159,7 +159,7 @@ async fn queues<B: Broker>(b: &B, ctx: &Ctx, out: &Out) -> Result<u8, Failure> {
 }
 
 /// The dead letter that QUEUE names (QUEUE, or its default dead letter), checked to exist.
-async fn resolve<B: Broker>(b: &B, ctx: &Ctx, queue: &str) -> Result<String, Failure> {
+async fn resolve<B: DeadLetters>(b: &B, ctx: &Ctx, queue: &str) -> Result<String, Failure> {
     let (source, dead) = if ctx.is_dead(queue) {
         (ctx.source_of(queue), queue.to_owned())
     } else {
@@ -210,7 +210,7 @@ async fn stored(
         .collect())
 }
 
-async fn list<B: Broker>(
+async fn list<B: DeadLetters>(
     b: &B,
     ctx: &Ctx,
     out: &Out,
@@ -248,7 +248,7 @@ async fn list<B: Broker>(
     Ok(OK)
 }
 
-async fn show<B: Broker>(
+async fn show<B: DeadLetters>(
     b: &B,
     ctx: &Ctx,
     out: &Out,
@@ -417,7 +417,7 @@ fn no_such_id(dead: &str, id: &str) -> Failure {
 }
 
 /// The dead letters `sel` takes now; an unknown id is an error.
-async fn selected<B: Broker>(
+async fn selected<B: DeadLetters>(
     b: &B,
     dead: &str,
     sel: &DeadSelector,
@@ -456,7 +456,7 @@ fn spinner(len: usize, verb: &str) -> ProgressBar {
     bar
 }
 
-async fn replay<B: Broker>(
+async fn replay<B: DeadLetters>(
     b: &B,
     ctx: &Ctx,
     out: &Out,
@@ -663,7 +663,7 @@ fn confirm(question: &str) -> Result<bool, Failure> {
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
 
-async fn purge<B: Broker>(
+async fn purge<B: DeadLetters>(
     b: &B,
     ctx: &Ctx,
     out: &Out,

@@ -152,6 +152,7 @@ impl fmt::Debug for RedisBroker {
 
 use stagedoor_jobs::broker::Published;
 use stagedoor_jobs::broker::mask_url as mask;
+use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
 
 /// The server's errors as the broker reports them, and when the last connection-level one
 /// was seen (shared by the broker's clones and its acknowledgement tasks).
@@ -827,9 +828,7 @@ impl RedisBroker {
     }
 }
 
-impl Broker for RedisBroker {
-    type Receipt = RedisReceipt;
-
+impl Inspect for RedisBroker {
     fn backend(&self) -> &'static str {
         "redis"
     }
@@ -896,6 +895,349 @@ impl Broker for RedisBroker {
         self.inner.allow_oom.store(major >= 7, Ordering::Relaxed);
         Ok(())
     }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
+        let keys = self.keys(queue);
+        let mut c = self.conn()?;
+        if Keys::is_dead(queue) {
+            let len: i64 = cmd("XLEN")
+                .arg(&keys.stream)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            return Ok(QueueStats {
+                ready: len.max(0) as u64,
+                ..QueueStats::default()
+            });
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("XLEN").arg(&keys.stream);
+        pipe.cmd("XPENDING").arg(&keys.stream).arg(GROUP);
+        pipe.cmd("ZCARD").arg(&keys.delayed);
+        pipe.cmd("XINFO").arg("GROUPS").arg(&keys.stream);
+        // Deliveries idle past the lease: their worker is gone, and the next claim reclaims
+        // them, so they count as ready, not pending (bounded: at most 1,000 are counted).
+        pipe.cmd("XPENDING")
+            .arg(&keys.stream)
+            .arg(GROUP)
+            .arg("IDLE")
+            .arg(self.lease.as_millis() as u64)
+            .arg("-")
+            .arg("+")
+            .arg(1000);
+        let replies: Vec<Value> = match pipe.query_async(&mut c).await {
+            Ok(r) => r,
+            // No stream yet (nothing published, no worker started): an empty queue.
+            Err(e)
+                if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") =>
+            {
+                let delayed: i64 = cmd("ZCARD")
+                    .arg(&keys.delayed)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                let len: i64 = cmd("XLEN")
+                    .arg(&keys.stream)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                return Ok(QueueStats {
+                    ready: len.max(0) as u64,
+                    delayed: delayed.max(0) as u64,
+                    ..QueueStats::default()
+                });
+            }
+            Err(e) => return Err(self.err(e)),
+        };
+        let len = replies.first().and_then(value::int).unwrap_or(0).max(0) as u64;
+        let pending = replies
+            .get(1)
+            .map(|p| value::array(p).first().and_then(value::int).unwrap_or(0))
+            .unwrap_or(0)
+            .max(0) as u64;
+        let delayed = replies.get(2).and_then(value::int).unwrap_or(0).max(0) as u64;
+        let expired = (replies.get(4).map_or(0, |v| value::array(v).len()) as u64).min(pending);
+        // The oldest entry not yet delivered to the group is the first after its last-delivered id.
+        let mut oldest = None;
+        let last_delivered = replies.get(3).and_then(|groups| {
+            value::array(groups).iter().find_map(|g| {
+                let f = value::fields(g);
+                (entry::text(&f, "name").as_deref() == Some(GROUP))
+                    .then(|| entry::text(&f, "last-delivered-id"))
+                    .flatten()
+            })
+        });
+        let ready = len.saturating_sub(pending);
+        if ready > 0 {
+            let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
+            let reply: Value = cmd("XRANGE")
+                .arg(&keys.stream)
+                .arg(start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let Some((id, _)) = value::entries(&reply).first() {
+                let added: i64 = id
+                    .split('-')
+                    .next()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(0);
+                oldest = Some(Duration::from_millis((ms(self.now()) - added).max(0) as u64));
+            }
+        }
+        Ok(QueueStats {
+            ready: ready + expired,
+            pending: pending - expired,
+            delayed,
+            oldest,
+        })
+    }
+
+    async fn queues(&self) -> Result<Vec<String>, BrokerError> {
+        // Every stream under this namespace: `{ns jobs}` is the queue `jobs`, `{ns jobs}:dead`
+        // its dead stream. On a Redis Cluster SCAN answers for one node: name the queue
+        // there instead of listing.
+        let mut c = self.conn()?;
+        let pattern = format!("{{{}*", self.namespace);
+        let mut names = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .arg("TYPE")
+                .arg("stream")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            for k in keys {
+                if let Some(rest) = k.strip_prefix('{')
+                    && let Some(end) = rest.find('}')
+                {
+                    let base = rest[..end]
+                        .strip_prefix(self.namespace.as_str())
+                        .unwrap_or(&rest[..end]);
+                    names.push(format!("{base}{}", &rest[end + 1..]));
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        let keys = self.keys(queue);
+        let mut c = self.conn().ok()?;
+        let reply: Value = cmd("ZRANGE")
+            .arg(&keys.delayed)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        let score = value::array(&reply)
+            .get(1)
+            .and_then(value::string)?
+            .parse::<f64>()
+            .ok()?;
+        DateTime::<Utc>::from_timestamp_millis(score as i64)
+    }
+}
+
+impl DeadLetters for RedisBroker {
+    async fn dead_letters(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let reply: Value = match selector {
+            DeadSelector::All => {
+                cmd("XREVRANGE")
+                    .arg(&keys.dead)
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(limit.min(1_000_000))
+                    .query_async(&mut c)
+                    .await
+            }
+            _ => {
+                cmd("XREVRANGE")
+                    .arg(&keys.dead)
+                    .arg("+")
+                    .arg("-")
+                    .query_async(&mut c)
+                    .await
+            }
+        }
+        .map_err(|e| self.err(e))?;
+        Ok(value::entries(&reply)
+            .into_iter()
+            .map(|(id, f)| self.dead_letter_of(dead, id, &f))
+            .filter(|d| selector.matches(d))
+            .take(limit)
+            .collect())
+    }
+
+    async fn replay(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> Result<ReplayReport, BrokerError> {
+        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let mut report = ReplayReport::default();
+        let mut all: Vec<(String, Fields)> = Vec::new();
+        if !letters.is_empty() {
+            let reply: Value = cmd("XRANGE")
+                .arg(&keys.dead)
+                .arg("-")
+                .arg("+")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            all = value::entries(&reply);
+        }
+        for d in letters {
+            let Some((_, fields)) = all.iter().find(|(id, _)| *id == d.id) else {
+                report.skipped += 1;
+                continue;
+            };
+            let origin = self.keys(&d.origin);
+            let f = entry::with(
+                &entry::without(fields, &["error", "traceback", "failed_at", "origin"]),
+                "attempts",
+                "0",
+            );
+            // A dead letter without a job id is shown with its entry's id: the job keeps it.
+            let f = if entry::get(&f, "job_id").is_none_or(<[u8]>::is_empty) {
+                entry::with(&f, "job_id", d.envelope.id().as_str())
+            } else {
+                f
+            };
+            let r: redis::RedisResult<i64> = scripts::REPLAY
+                .key(&keys.dead)
+                .key(&origin.stream)
+                .key(&origin.ids)
+                .arg(&d.id)
+                .arg(d.envelope.id().as_str())
+                .arg(entry::flat(&f))
+                .invoke_async(&mut c)
+                .await;
+            match r {
+                Ok(1) => report.replayed += 1,
+                Ok(_) => report.skipped += 1,
+                Err(e) => {
+                    tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
+                    report.failed += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
+        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+        if letters.is_empty() {
+            return Ok(0);
+        }
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let mut n = 0;
+        for chunk in letters.chunks(500) {
+            let mut x = cmd("XDEL");
+            x.arg(&keys.dead);
+            for d in chunk {
+                x.arg(&d.id);
+            }
+            let deleted: i64 = x.query_async(&mut c).await.map_err(|e| self.err(e))?;
+            n += deleted as u64;
+        }
+        Ok(n)
+    }
+
+    async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let len: i64 = cmd("XLEN")
+            .arg(&keys.dead)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(len.max(0) as u64)
+    }
+
+    fn default_dead_letter(&self, queue: &str) -> String {
+        format!("{queue}{DEAD_SUFFIX}")
+    }
+}
+
+impl Locks for RedisBroker {
+    async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
+        let mut c = self.conn()?;
+        let got: Option<String> = cmd("SET")
+            .arg(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(got.is_some())
+    }
+
+    async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
+        let mut c = self.conn()?;
+        let v: Option<i64> = cmd("GET")
+            .arg(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(v.and_then(DateTime::<Utc>::from_timestamp_millis))
+    }
+
+    async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
+        let mut c = self.conn()?;
+        let _: i64 = scripts::SET_MAX
+            .key(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
+            .arg(ms(tick))
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
+        let mut c = self.conn()?;
+        let _: i64 = scripts::UNLOCK
+            .key(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
+            .arg(token)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+}
+
+impl Broker for RedisBroker {
+    type Receipt = RedisReceipt;
 
     async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
         let mut problems = Vec::new();
@@ -1317,322 +1659,6 @@ impl Broker for RedisBroker {
         }
     }
 
-    async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
-        let mut c = self.conn()?;
-        let got: Option<String> = cmd("SET")
-            .arg(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl.as_millis().max(1) as u64)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(got.is_some())
-    }
-
-    async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        let mut c = self.conn()?;
-        let v: Option<i64> = cmd("GET")
-            .arg(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(v.and_then(DateTime::<Utc>::from_timestamp_millis))
-    }
-
-    async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
-        let mut c = self.conn()?;
-        let _: i64 = scripts::SET_MAX
-            .key(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
-            .arg(ms(tick))
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
-        let mut c = self.conn()?;
-        let _: i64 = scripts::UNLOCK
-            .key(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
-            .arg(token)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    async fn dead_letters(
-        &self,
-        dead: &str,
-        selector: &DeadSelector,
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>, BrokerError> {
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let reply: Value = match selector {
-            DeadSelector::All => {
-                cmd("XREVRANGE")
-                    .arg(&keys.dead)
-                    .arg("+")
-                    .arg("-")
-                    .arg("COUNT")
-                    .arg(limit.min(1_000_000))
-                    .query_async(&mut c)
-                    .await
-            }
-            _ => {
-                cmd("XREVRANGE")
-                    .arg(&keys.dead)
-                    .arg("+")
-                    .arg("-")
-                    .query_async(&mut c)
-                    .await
-            }
-        }
-        .map_err(|e| self.err(e))?;
-        Ok(value::entries(&reply)
-            .into_iter()
-            .map(|(id, f)| self.dead_letter_of(dead, id, &f))
-            .filter(|d| selector.matches(d))
-            .take(limit)
-            .collect())
-    }
-
-    async fn replay(
-        &self,
-        dead: &str,
-        selector: &DeadSelector,
-    ) -> Result<ReplayReport, BrokerError> {
-        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let mut report = ReplayReport::default();
-        let mut all: Vec<(String, Fields)> = Vec::new();
-        if !letters.is_empty() {
-            let reply: Value = cmd("XRANGE")
-                .arg(&keys.dead)
-                .arg("-")
-                .arg("+")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            all = value::entries(&reply);
-        }
-        for d in letters {
-            let Some((_, fields)) = all.iter().find(|(id, _)| *id == d.id) else {
-                report.skipped += 1;
-                continue;
-            };
-            let origin = self.keys(&d.origin);
-            let f = entry::with(
-                &entry::without(fields, &["error", "traceback", "failed_at", "origin"]),
-                "attempts",
-                "0",
-            );
-            // A dead letter without a job id is shown with its entry's id: the job keeps it.
-            let f = if entry::get(&f, "job_id").is_none_or(<[u8]>::is_empty) {
-                entry::with(&f, "job_id", d.envelope.id().as_str())
-            } else {
-                f
-            };
-            let r: redis::RedisResult<i64> = scripts::REPLAY
-                .key(&keys.dead)
-                .key(&origin.stream)
-                .key(&origin.ids)
-                .arg(&d.id)
-                .arg(d.envelope.id().as_str())
-                .arg(entry::flat(&f))
-                .invoke_async(&mut c)
-                .await;
-            match r {
-                Ok(1) => report.replayed += 1,
-                Ok(_) => report.skipped += 1,
-                Err(e) => {
-                    tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
-                    report.failed += 1;
-                }
-            }
-        }
-        Ok(report)
-    }
-
-    async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
-        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
-        if letters.is_empty() {
-            return Ok(0);
-        }
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let mut n = 0;
-        for chunk in letters.chunks(500) {
-            let mut x = cmd("XDEL");
-            x.arg(&keys.dead);
-            for d in chunk {
-                x.arg(&d.id);
-            }
-            let deleted: i64 = x.query_async(&mut c).await.map_err(|e| self.err(e))?;
-            n += deleted as u64;
-        }
-        Ok(n)
-    }
-
-    async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
-        let keys = self.keys(queue);
-        let mut c = self.conn()?;
-        if Keys::is_dead(queue) {
-            let len: i64 = cmd("XLEN")
-                .arg(&keys.stream)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            return Ok(QueueStats {
-                ready: len.max(0) as u64,
-                ..QueueStats::default()
-            });
-        }
-        let mut pipe = redis::pipe();
-        pipe.cmd("XLEN").arg(&keys.stream);
-        pipe.cmd("XPENDING").arg(&keys.stream).arg(GROUP);
-        pipe.cmd("ZCARD").arg(&keys.delayed);
-        pipe.cmd("XINFO").arg("GROUPS").arg(&keys.stream);
-        // Deliveries idle past the lease: their worker is gone, and the next claim reclaims
-        // them, so they count as ready, not pending (bounded: at most 1,000 are counted).
-        pipe.cmd("XPENDING")
-            .arg(&keys.stream)
-            .arg(GROUP)
-            .arg("IDLE")
-            .arg(self.lease.as_millis() as u64)
-            .arg("-")
-            .arg("+")
-            .arg(1000);
-        let replies: Vec<Value> = match pipe.query_async(&mut c).await {
-            Ok(r) => r,
-            // No stream yet (nothing published, no worker started): an empty queue.
-            Err(e)
-                if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") =>
-            {
-                let delayed: i64 = cmd("ZCARD")
-                    .arg(&keys.delayed)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                let len: i64 = cmd("XLEN")
-                    .arg(&keys.stream)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                return Ok(QueueStats {
-                    ready: len.max(0) as u64,
-                    delayed: delayed.max(0) as u64,
-                    ..QueueStats::default()
-                });
-            }
-            Err(e) => return Err(self.err(e)),
-        };
-        let len = replies.first().and_then(value::int).unwrap_or(0).max(0) as u64;
-        let pending = replies
-            .get(1)
-            .map(|p| value::array(p).first().and_then(value::int).unwrap_or(0))
-            .unwrap_or(0)
-            .max(0) as u64;
-        let delayed = replies.get(2).and_then(value::int).unwrap_or(0).max(0) as u64;
-        let expired = (replies.get(4).map_or(0, |v| value::array(v).len()) as u64).min(pending);
-        // The oldest entry not yet delivered to the group is the first after its last-delivered id.
-        let mut oldest = None;
-        let last_delivered = replies.get(3).and_then(|groups| {
-            value::array(groups).iter().find_map(|g| {
-                let f = value::fields(g);
-                (entry::text(&f, "name").as_deref() == Some(GROUP))
-                    .then(|| entry::text(&f, "last-delivered-id"))
-                    .flatten()
-            })
-        });
-        let ready = len.saturating_sub(pending);
-        if ready > 0 {
-            let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
-            let reply: Value = cmd("XRANGE")
-                .arg(&keys.stream)
-                .arg(start)
-                .arg("+")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let Some((id, _)) = value::entries(&reply).first() {
-                let added: i64 = id
-                    .split('-')
-                    .next()
-                    .and_then(|m| m.parse().ok())
-                    .unwrap_or(0);
-                oldest = Some(Duration::from_millis((ms(self.now()) - added).max(0) as u64));
-            }
-        }
-        Ok(QueueStats {
-            ready: ready + expired,
-            pending: pending - expired,
-            delayed,
-            oldest,
-        })
-    }
-
-    async fn queues(&self) -> Result<Vec<String>, BrokerError> {
-        // Every stream under this namespace: `{ns jobs}` is the queue `jobs`, `{ns jobs}:dead`
-        // its dead stream. On a Redis Cluster SCAN answers for one node: name the queue
-        // there instead of listing.
-        let mut c = self.conn()?;
-        let pattern = format!("{{{}*", self.namespace);
-        let mut names = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .arg("TYPE")
-                .arg("stream")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            for k in keys {
-                if let Some(rest) = k.strip_prefix('{')
-                    && let Some(end) = rest.find('}')
-                {
-                    let base = rest[..end]
-                        .strip_prefix(self.namespace.as_str())
-                        .unwrap_or(&rest[..end]);
-                    names.push(format!("{base}{}", &rest[end + 1..]));
-                }
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        names.sort();
-        names.dedup();
-        Ok(names)
-    }
-
-    async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let len: i64 = cmd("XLEN")
-            .arg(&keys.dead)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(len.max(0) as u64)
-    }
-
-    fn default_dead_letter(&self, queue: &str) -> String {
-        format!("{queue}{DEAD_SUFFIX}")
-    }
-
     fn lease(&self) -> Duration {
         self.lease
     }
@@ -1641,25 +1667,6 @@ impl Broker for RedisBroker {
     /// the server's `TIME`).
     fn clock(&self) -> Clock {
         self.inner.clock.clone()
-    }
-
-    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-        let keys = self.keys(queue);
-        let mut c = self.conn().ok()?;
-        let reply: Value = cmd("ZRANGE")
-            .arg(&keys.delayed)
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
-            .query_async(&mut c)
-            .await
-            .ok()?;
-        let score = value::array(&reply)
-            .get(1)
-            .and_then(value::string)?
-            .parse::<f64>()
-            .ok()?;
-        DateTime::<Utc>::from_timestamp_millis(score as i64)
     }
 }
 

@@ -22,6 +22,7 @@ use crate::broker::{Source, SqlxBroker};
 use crate::floor::{Floors, Plan};
 use crate::headers::HeaderDoc;
 use crate::sql::{CHANNEL, Flavor, P, Statements, Stmt, validate};
+use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
 
 #[allow(unreachable_pub)]
 pub(crate) mod sealed {
@@ -912,7 +913,7 @@ macro_rules! impl_for {
                         .filter(|(_, origin)| *origin == queue)
                         .map(|(dead, _)| dead.clone())
                         .min()
-                        .unwrap_or_else(|| Broker::default_dead_letter(self, queue))
+                        .unwrap_or_else(|| DeadLetters::default_dead_letter(self, queue))
                 }
 
                 /// A claimed row that cannot be read goes to its queue's dead letter by itself,
@@ -946,7 +947,7 @@ macro_rules! impl_for {
                             let row = query(&stmts.next_due_from, &v, &stmts.table).fetch_one(self.pool().ok()?).await.ok()?;
                             self.first_time(&row, "next due time")
                         }
-                        _ => Broker::next_due(self, queue).await,
+                        _ => Inspect::next_due(self, queue).await,
                     }
                 }
 
@@ -1258,9 +1259,7 @@ async fn listen(broker: SqlxBroker<sqlx::Postgres>, pool: sqlx::PgPool) {
 
 macro_rules! impl_broker {
     ($db:ty, $module:ident) => {
-        impl<Row: Inbox> Broker for SqlxRoute<$db, Row> {
-            type Receipt = SqlReceipt;
-
+        impl<Row: Inbox> Inspect for SqlxRoute<$db, Row> {
             fn backend(&self) -> &'static str {
                 "sqlx"
             }
@@ -1268,6 +1267,226 @@ macro_rules! impl_broker {
             async fn connect(&self) -> Result<(), BrokerError> {
                 self.open().await
             }
+
+            async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
+                let stmts = self.stmts_for(queue)?;
+                // The connection first, then the time: a row published "now" by another task
+                // while this query waited for a connection must not look delayed. A job due
+                // within STATS_TOLERANCE counts as ready.
+                let mut conn = self.pool()?.acquire().await.map_err(db_err)?;
+                let now = self.broker.now();
+                let v = Vals { group: Some(queue.to_owned()), now: Some(now + STATS_TOLERANCE), ..Vals::default() };
+                let row = $module::query(&stmts.stats, &v, &stmts.table).fetch_one(&mut *conn).await.map_err(db_err)?;
+                let n = |i: usize| -> Result<u64, BrokerError> {
+                    Ok(u64::try_from(row.try_get::<i64, _>(i).map_err(db_err)?).unwrap_or(0))
+                };
+                // A row whose due time is not a timestamp is counted; the oldest is then unknown.
+                let oldest = self.first_time_at(&row, 3, "queue stats");
+                Ok(QueueStats {
+                    ready: n(0)?,
+                    pending: n(1)?,
+                    delayed: n(2)?,
+                    oldest: oldest.map(|o| (now - o).to_std().unwrap_or_default()),
+                })
+            }
+
+            async fn queues(&self) -> Result<Vec<String>, BrokerError> {
+                let table = *self.table();
+                let mut names = match table.group {
+                    Some(g) => {
+                        let sql = format!("SELECT DISTINCT CAST(\"{}\" AS TEXT) FROM {}", g.name, table.qualified());
+                        let rows = sqlx::query(AssertSqlSafe(sql)).fetch_all(self.pool()?).await.map_err(db_err)?;
+                        // A group that is NULL names no queue; one that is not text (an SQLite
+                        // blob) is shown as it reads.
+                        rows.iter()
+                            .filter_map(|r| match r.try_get::<Option<String>, _>(0) {
+                                Ok(name) => name,
+                                Err(_) => Some($module::shown(r, 0)),
+                            })
+                            .collect()
+                    }
+                    None => vec![self.default_group.to_string()],
+                };
+                for m in self.inner.origins.lock().expect("lock").keys() {
+                    names.push(m.clone());
+                }
+                names.sort();
+                names.dedup();
+                Ok(names)
+            }
+
+            async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+                let stmts = self.stmts_for(queue).ok()?;
+                if Statements::lacks(&stmts.next_due) {
+                    return None;
+                }
+                let v = Vals { group: Some(queue.to_owned()), ..Vals::default() };
+                let row = $module::query(&stmts.next_due, &v, &stmts.table).fetch_one(self.pool().ok()?).await.ok()?;
+                self.first_time(&row, "next due time")
+            }
+        }
+
+                impl<Row: Inbox> DeadLetters for SqlxRoute<$db, Row> {
+            async fn dead_letters(&self, dead: &str, selector: &DeadSelector, limit: usize) -> Result<Vec<DeadLetter>, BrokerError> {
+                let stmts = self.stmts_for(dead)?;
+                let v = Vals { group: Some(dead.to_owned()), ..Vals::default() };
+                let rows = self.fetch(&stmts, &stmts.list, &v).await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| self.dead_letter_of(dead, r))
+                    .filter(|d| selector.matches(d))
+                    .take(limit)
+                    .collect())
+            }
+
+            async fn replay(&self, dead: &str, selector: &DeadSelector) -> Result<ReplayReport, BrokerError> {
+                let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+                let mut report = ReplayReport::default();
+                let now = self.broker.now();
+                let stmts = Arc::clone(self.stmts()?);
+                for d in letters {
+                    if d.origin.is_empty() {
+                        tracing::error!(dead_letter = %d.id, "cannot tell which queue it failed on: not replayed");
+                        report.failed += 1;
+                        continue;
+                    }
+                    let env = &d.envelope;
+                    let h = env.headers();
+                    let doc = HeaderDoc {
+                        kind: (env.kind() != d.origin).then(|| env.kind().to_owned()),
+                        job_id: Some(env.id().to_string()),
+                        request_id: h.request_id.clone(),
+                        trace: h.trace.clone(),
+                        extra: h.extra.clone(),
+                        ..HeaderDoc::default()
+                    };
+                    let id = IdValue::parse(&stmts.table, &d.id)?;
+                    let v = Vals {
+                        id: Some(id),
+                        group: Some(dead.to_owned()),
+                        target: Some(d.origin.clone()),
+                        now: Some(now),
+                        headers: Some(doc.to_json()),
+                        ..Vals::default()
+                    };
+                    let result = if self.grouped() {
+                        self.exec(&stmts.replay_group, &v).await
+                    } else {
+                        // The table form: copy back into the origin table and delete, in one transaction.
+                        let dead_stmts = self.dead_table(dead)?;
+                        async {
+                            let mut tx = self.pool()?.begin().await.map_err(db_err)?;
+                            let copy = dead_stmts.copy_into(self.table().name, false);
+                            let n = $module::query(&copy, &v, &dead_stmts.table).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
+                            if n == 1 {
+                                $module::query(&stmts.clear_lease, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?;
+                                $module::query(&dead_stmts.delete_by_id, &v, &dead_stmts.table).execute(&mut *tx).await.map_err(db_err)?;
+                                tx.commit().await.map_err(db_err)?;
+                            }
+                            Ok::<u64, BrokerError>(n)
+                        }
+                        .await
+                    };
+                    match result {
+                        Ok(1) => report.replayed += 1,
+                        Ok(_) => report.skipped += 1,
+                        Err(e) => {
+                            tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
+                            report.failed += 1;
+                        }
+                    }
+                }
+                if report.replayed > 0 {
+                    self.broker.wake_all();
+                }
+                Ok(report)
+            }
+
+            async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
+                let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+                let stmts = self.stmts_for(dead)?;
+                let mut n = 0;
+                for d in letters {
+                    let v = Vals {
+                        id: Some(IdValue::parse(&stmts.table, &d.id)?),
+                        group: Some(dead.to_owned()),
+                        ..Vals::default()
+                    };
+                    n += $module::query(&stmts.purge, &v, &stmts.table).execute(self.pool()?).await.map_err(db_err)?.rows_affected();
+                }
+                Ok(n)
+            }
+
+            async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
+                let s = self.stats(dead).await?;
+                Ok(s.ready + s.pending + s.delayed)
+            }
+
+            fn default_dead_letter(&self, queue: &str) -> String {
+                if self.grouped() { format!("{queue}.dead") } else { format!("{}_dead", self.table().name) }
+            }
+        }
+
+                impl<Row: Inbox> Locks for SqlxRoute<$db, Row> {
+            async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
+                let pool = self.pool()?;
+                ensure_bookkeeping(&self.broker, pool).await?;
+                let now = self.broker.now();
+                let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
+                let n = sqlx::query("INSERT INTO stagedoor_locks (lock_key, token, until_at) VALUES ($1, $2, $3) ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token, until_at = excluded.until_at WHERE stagedoor_locks.until_at <= $4")
+                    .bind(key)
+                    .bind(token)
+                    .bind(until)
+                    .bind(now)
+                    .execute(pool)
+                    .await
+                    .map_err(db_err)?
+                    .rows_affected();
+                // Locks that ran out long ago are only history: keep the table small.
+                sqlx::query("DELETE FROM stagedoor_locks WHERE until_at < $1")
+                    .bind(now - chrono::Duration::hours(1))
+                    .execute(pool)
+                    .await
+                    .map_err(db_err)?;
+                Ok(n == 1)
+            }
+
+            async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
+                let pool = self.pool()?;
+                ensure_bookkeeping(&self.broker, pool).await?;
+                let t: Option<DateTime<Utc>> = sqlx::query_scalar("SELECT last_tick FROM stagedoor_schedules WHERE schedule = $1")
+                    .bind(schedule)
+                    .fetch_optional(pool)
+                    .await
+                    .map_err(db_err)?;
+                Ok(t)
+            }
+
+            async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
+                let pool = self.pool()?;
+                ensure_bookkeeping(&self.broker, pool).await?;
+                sqlx::query("INSERT INTO stagedoor_schedules (schedule, last_tick) VALUES ($1, $2) ON CONFLICT (schedule) DO UPDATE SET last_tick = excluded.last_tick WHERE stagedoor_schedules.last_tick < excluded.last_tick")
+                    .bind(schedule)
+                    .bind(tick)
+                    .execute(pool)
+                    .await
+                    .map_err(db_err)?;
+                Ok(())
+            }
+
+            async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
+                sqlx::query("DELETE FROM stagedoor_locks WHERE lock_key = $1 AND token = $2")
+                    .bind(key)
+                    .bind(token)
+                    .execute(self.pool()?)
+                    .await
+                    .map_err(db_err)?;
+                Ok(())
+            }
+        }
+
+                impl<Row: Inbox> Broker for SqlxRoute<$db, Row> {
+            type Receipt = SqlReceipt;
 
             async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
                 let table = self.table();
@@ -1448,207 +1667,6 @@ macro_rules! impl_broker {
                 let t = self.database_time().await;
                 self.broker.noted(t).map(Some)
             }
-            async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
-                let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
-                let now = self.broker.now();
-                let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
-                let n = sqlx::query("INSERT INTO stagedoor_locks (lock_key, token, until_at) VALUES ($1, $2, $3) ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token, until_at = excluded.until_at WHERE stagedoor_locks.until_at <= $4")
-                    .bind(key)
-                    .bind(token)
-                    .bind(until)
-                    .bind(now)
-                    .execute(pool)
-                    .await
-                    .map_err(db_err)?
-                    .rows_affected();
-                // Locks that ran out long ago are only history: keep the table small.
-                sqlx::query("DELETE FROM stagedoor_locks WHERE until_at < $1")
-                    .bind(now - chrono::Duration::hours(1))
-                    .execute(pool)
-                    .await
-                    .map_err(db_err)?;
-                Ok(n == 1)
-            }
-
-            async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
-                let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
-                let t: Option<DateTime<Utc>> = sqlx::query_scalar("SELECT last_tick FROM stagedoor_schedules WHERE schedule = $1")
-                    .bind(schedule)
-                    .fetch_optional(pool)
-                    .await
-                    .map_err(db_err)?;
-                Ok(t)
-            }
-
-            async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
-                let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
-                sqlx::query("INSERT INTO stagedoor_schedules (schedule, last_tick) VALUES ($1, $2) ON CONFLICT (schedule) DO UPDATE SET last_tick = excluded.last_tick WHERE stagedoor_schedules.last_tick < excluded.last_tick")
-                    .bind(schedule)
-                    .bind(tick)
-                    .execute(pool)
-                    .await
-                    .map_err(db_err)?;
-                Ok(())
-            }
-
-            async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
-                sqlx::query("DELETE FROM stagedoor_locks WHERE lock_key = $1 AND token = $2")
-                    .bind(key)
-                    .bind(token)
-                    .execute(self.pool()?)
-                    .await
-                    .map_err(db_err)?;
-                Ok(())
-            }
-
-            async fn dead_letters(&self, dead: &str, selector: &DeadSelector, limit: usize) -> Result<Vec<DeadLetter>, BrokerError> {
-                let stmts = self.stmts_for(dead)?;
-                let v = Vals { group: Some(dead.to_owned()), ..Vals::default() };
-                let rows = self.fetch(&stmts, &stmts.list, &v).await?;
-                Ok(rows
-                    .iter()
-                    .map(|r| self.dead_letter_of(dead, r))
-                    .filter(|d| selector.matches(d))
-                    .take(limit)
-                    .collect())
-            }
-
-            async fn replay(&self, dead: &str, selector: &DeadSelector) -> Result<ReplayReport, BrokerError> {
-                let letters = self.dead_letters(dead, selector, usize::MAX).await?;
-                let mut report = ReplayReport::default();
-                let now = self.broker.now();
-                let stmts = Arc::clone(self.stmts()?);
-                for d in letters {
-                    if d.origin.is_empty() {
-                        tracing::error!(dead_letter = %d.id, "cannot tell which queue it failed on: not replayed");
-                        report.failed += 1;
-                        continue;
-                    }
-                    let env = &d.envelope;
-                    let h = env.headers();
-                    let doc = HeaderDoc {
-                        kind: (env.kind() != d.origin).then(|| env.kind().to_owned()),
-                        job_id: Some(env.id().to_string()),
-                        request_id: h.request_id.clone(),
-                        trace: h.trace.clone(),
-                        extra: h.extra.clone(),
-                        ..HeaderDoc::default()
-                    };
-                    let id = IdValue::parse(&stmts.table, &d.id)?;
-                    let v = Vals {
-                        id: Some(id),
-                        group: Some(dead.to_owned()),
-                        target: Some(d.origin.clone()),
-                        now: Some(now),
-                        headers: Some(doc.to_json()),
-                        ..Vals::default()
-                    };
-                    let result = if self.grouped() {
-                        self.exec(&stmts.replay_group, &v).await
-                    } else {
-                        // The table form: copy back into the origin table and delete, in one transaction.
-                        let dead_stmts = self.dead_table(dead)?;
-                        async {
-                            let mut tx = self.pool()?.begin().await.map_err(db_err)?;
-                            let copy = dead_stmts.copy_into(self.table().name, false);
-                            let n = $module::query(&copy, &v, &dead_stmts.table).execute(&mut *tx).await.map_err(db_err)?.rows_affected();
-                            if n == 1 {
-                                $module::query(&stmts.clear_lease, &v, &stmts.table).execute(&mut *tx).await.map_err(db_err)?;
-                                $module::query(&dead_stmts.delete_by_id, &v, &dead_stmts.table).execute(&mut *tx).await.map_err(db_err)?;
-                                tx.commit().await.map_err(db_err)?;
-                            }
-                            Ok::<u64, BrokerError>(n)
-                        }
-                        .await
-                    };
-                    match result {
-                        Ok(1) => report.replayed += 1,
-                        Ok(_) => report.skipped += 1,
-                        Err(e) => {
-                            tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
-                            report.failed += 1;
-                        }
-                    }
-                }
-                if report.replayed > 0 {
-                    self.broker.wake_all();
-                }
-                Ok(report)
-            }
-
-            async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
-                let letters = self.dead_letters(dead, selector, usize::MAX).await?;
-                let stmts = self.stmts_for(dead)?;
-                let mut n = 0;
-                for d in letters {
-                    let v = Vals {
-                        id: Some(IdValue::parse(&stmts.table, &d.id)?),
-                        group: Some(dead.to_owned()),
-                        ..Vals::default()
-                    };
-                    n += $module::query(&stmts.purge, &v, &stmts.table).execute(self.pool()?).await.map_err(db_err)?.rows_affected();
-                }
-                Ok(n)
-            }
-
-            async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
-                let stmts = self.stmts_for(queue)?;
-                // The connection first, then the time: a row published "now" by another task
-                // while this query waited for a connection must not look delayed. A job due
-                // within STATS_TOLERANCE counts as ready.
-                let mut conn = self.pool()?.acquire().await.map_err(db_err)?;
-                let now = self.broker.now();
-                let v = Vals { group: Some(queue.to_owned()), now: Some(now + STATS_TOLERANCE), ..Vals::default() };
-                let row = $module::query(&stmts.stats, &v, &stmts.table).fetch_one(&mut *conn).await.map_err(db_err)?;
-                let n = |i: usize| -> Result<u64, BrokerError> {
-                    Ok(u64::try_from(row.try_get::<i64, _>(i).map_err(db_err)?).unwrap_or(0))
-                };
-                // A row whose due time is not a timestamp is counted; the oldest is then unknown.
-                let oldest = self.first_time_at(&row, 3, "queue stats");
-                Ok(QueueStats {
-                    ready: n(0)?,
-                    pending: n(1)?,
-                    delayed: n(2)?,
-                    oldest: oldest.map(|o| (now - o).to_std().unwrap_or_default()),
-                })
-            }
-
-            async fn queues(&self) -> Result<Vec<String>, BrokerError> {
-                let table = *self.table();
-                let mut names = match table.group {
-                    Some(g) => {
-                        let sql = format!("SELECT DISTINCT CAST(\"{}\" AS TEXT) FROM {}", g.name, table.qualified());
-                        let rows = sqlx::query(AssertSqlSafe(sql)).fetch_all(self.pool()?).await.map_err(db_err)?;
-                        // A group that is NULL names no queue; one that is not text (an SQLite
-                        // blob) is shown as it reads.
-                        rows.iter()
-                            .filter_map(|r| match r.try_get::<Option<String>, _>(0) {
-                                Ok(name) => name,
-                                Err(_) => Some($module::shown(r, 0)),
-                            })
-                            .collect()
-                    }
-                    None => vec![self.default_group.to_string()],
-                };
-                for m in self.inner.origins.lock().expect("lock").keys() {
-                    names.push(m.clone());
-                }
-                names.sort();
-                names.dedup();
-                Ok(names)
-            }
-
-            async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
-                let s = self.stats(dead).await?;
-                Ok(s.ready + s.pending + s.delayed)
-            }
-
-            fn default_dead_letter(&self, queue: &str) -> String {
-                if self.grouped() { format!("{queue}.dead") } else { format!("{}_dead", self.table().name) }
-            }
 
             fn lease(&self) -> Duration {
                 self.broker.lease
@@ -1661,16 +1679,6 @@ macro_rules! impl_broker {
             fn use_clock(&self, clock: &Clock) -> bool {
                 self.broker.set_clock(clock);
                 true
-            }
-
-            async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-                let stmts = self.stmts_for(queue).ok()?;
-                if Statements::lacks(&stmts.next_due) {
-                    return None;
-                }
-                let v = Vals { group: Some(queue.to_owned()), ..Vals::default() };
-                let row = $module::query(&stmts.next_due, &v, &stmts.table).fetch_one(self.pool().ok()?).await.ok()?;
-                self.first_time(&row, "next due time")
             }
         }
 

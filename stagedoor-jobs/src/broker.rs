@@ -1,4 +1,6 @@
-//! The broker trait: what a backend does for the runtime.
+//! The broker contract: what a backend does for the runtime, split by concern into
+//! [`Inspect`] (queues and what they hold), [`DeadLetters`], [`Locks`] (the scheduler's) and
+//! [`Broker`] (moving jobs; it requires the other three).
 //!
 //! The runtime owns every decision (which handler, whether an attempt is retried or
 //! dead-lettered, after how long); a broker stores and moves jobs and keeps the promises
@@ -43,7 +45,7 @@ pub enum BrokerError {
     /// The server is unreachable or the connection broke; the runtime retries with backoff.
     #[error("connection: {0}")]
     Connection(String),
-    /// The broker was used before [`Broker::connect`].
+    /// The broker was used before [`Inspect::connect`].
     #[error("the broker is not connected: the service connects it at start")]
     NotConnected,
     /// The queue (or dead letter) is not known to this broker.
@@ -283,20 +285,110 @@ pub struct QueueStats {
     pub oldest: Option<Duration>,
 }
 
-/// A backend: where jobs are stored and how they move. See the [module docs](self).
+/// What an operator's tool or a dashboard reads of a backend: its queues and what they hold.
+/// The contract is split by concern: [`Inspect`] (this), [`DeadLetters`], [`Locks`] (the
+/// scheduler's) and [`Broker`] (moving jobs, which needs all of them). The command-line tool
+/// asks only for `Inspect + DeadLetters`; the runtime for a whole [`Broker`].
 ///
-/// A broker value is cheap to clone (it holds its connection behind an `Arc`) and does no I/O
-/// until [`connect`](Broker::connect).
-pub trait Broker: Clone + Send + Sync + 'static {
-    /// What a delivery carries to be settled or renewed.
-    type Receipt: Send + Sync + 'static;
-
+/// A value is cheap to clone (it holds its connection behind an `Arc`) and does no I/O until
+/// [`connect`](Inspect::connect).
+pub trait Inspect: Clone + Send + Sync + 'static {
     /// The backend's name, as typed queue descriptors name it ("memory", "redis", "sqlx").
     fn backend(&self) -> &'static str;
 
     /// Connects (builds a pool, opens a connection), when the service starts. Errors name the
     /// URL's problem and the fix. Called once; idempotent.
     fn connect(&self) -> impl Future<Output = Result<(), BrokerError>> + Send;
+
+    /// What `queue` holds now.
+    fn stats(&self, queue: &str) -> impl Future<Output = Result<QueueStats, BrokerError>> + Send;
+
+    /// The names of the queues (and dead letters) the backend holds now, sorted: what an
+    /// operator's `queues` lists.
+    fn queues(&self) -> impl Future<Output = Result<Vec<String>, BrokerError>> + Send;
+
+    /// When the next delayed job of `queue` is due, if the broker can tell cheaply (the harness
+    /// uses it to step its clock through chains of delayed retries).
+    fn next_due(&self, queue: &str) -> impl Future<Output = Option<DateTime<Utc>>> + Send {
+        let _ = queue;
+        async { None }
+    }
+}
+
+/// The dead letters of a backend: listing, replaying and purging them, each replay one atomic
+/// step per letter (an interrupted replay loses and duplicates nothing).
+pub trait DeadLetters: Inspect {
+    /// The dead letters in `dead` that `selector` takes, newest first, at most `limit`.
+    fn dead_letters(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, BrokerError>> + Send;
+
+    /// Moves the selected dead letters back to the queue each failed on, attempts reset, each in
+    /// one atomic step (an interrupted replay loses and duplicates nothing).
+    fn replay(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> impl Future<Output = Result<ReplayReport, BrokerError>> + Send;
+
+    /// Deletes the selected dead letters; returns how many.
+    fn purge(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> impl Future<Output = Result<u64, BrokerError>> + Send;
+
+    /// How many dead letters `dead` holds.
+    fn dead_len(&self, dead: &str) -> impl Future<Output = Result<u64, BrokerError>> + Send;
+
+    /// The dead letter a failure goes to when the mount declares none (a job of a kind nobody
+    /// handles, a payload that cannot be parsed): `<stream>:dead`, `<group>.dead`.
+    fn default_dead_letter(&self, queue: &str) -> String;
+}
+
+/// The scheduler's bookkeeping: locks with an owner and a time to live, and each schedule's
+/// last tick (the memory of the scheduler across restarts of every worker).
+pub trait Locks: Inspect {
+    /// Takes the lock `key` for `ttl` if nobody holds it, recording `token` as the owner
+    /// (scheduler ticks). `Ok(true)` when taken.
+    fn try_lock(
+        &self,
+        key: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, BrokerError>> + Send;
+
+    /// Releases the lock `key` if `token` still owns it; another owner's lock is left alone.
+    fn unlock(
+        &self,
+        key: &str,
+        token: &str,
+    ) -> impl Future<Output = Result<(), BrokerError>> + Send;
+
+    /// The latest tick of `schedule` recorded by [`mark_tick`](Locks::mark_tick): the
+    /// scheduler's memory across restarts of every worker (missed ticks are counted from it).
+    fn last_tick(
+        &self,
+        schedule: &str,
+    ) -> impl Future<Output = Result<Option<DateTime<Utc>>, BrokerError>> + Send;
+
+    /// Records that `schedule`'s tick `tick` was enqueued; the record only moves forward.
+    fn mark_tick(
+        &self,
+        schedule: &str,
+        tick: DateTime<Utc>,
+    ) -> impl Future<Output = Result<(), BrokerError>> + Send;
+}
+
+/// A backend: where jobs are stored and how they move (claim, renew, settle, publish). See the
+/// [module docs](self). It is also [`DeadLetters`], [`Locks`] and [`Inspect`]: the runtime
+/// needs every part.
+pub trait Broker: DeadLetters + Locks {
+    /// What a delivery carries to be settled or renewed.
+    type Receipt: Send + Sync + 'static;
 
     /// Checks, after connecting, that the broker can serve these mounts (a table has the columns
     /// a cap needs, a dead letter can be held, a typed queue belongs to this backend). Returns
@@ -358,7 +450,7 @@ pub trait Broker: Clone + Send + Sync + 'static {
     /// names the schedule and the tick), so a worker dying at any point enqueues the tick
     /// either entirely or not at all, and a tick is never enqueued twice within `ttl`.
     ///
-    /// The default takes the guard with [`try_lock`](Broker::try_lock) and then publishes:
+    /// The default takes the guard with [`try_lock`](Locks::try_lock) and then publishes:
     /// two steps, so a crash between them loses the tick. Every backend of this project
     /// overrides it with one atomic step; a broker of your own should too.
     fn publish_once(
@@ -377,73 +469,6 @@ pub trait Broker: Clone + Send + Sync + 'static {
             Ok(out.pop().unwrap_or(Published::already_there(id)))
         }
     }
-
-    /// Takes the lock `key` for `ttl` if nobody holds it, recording `token` as the owner
-    /// (scheduler ticks). `Ok(true)` when taken.
-    fn try_lock(
-        &self,
-        key: &str,
-        token: &str,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, BrokerError>> + Send;
-
-    /// Releases the lock `key` if `token` still owns it; another owner's lock is left alone.
-    fn unlock(
-        &self,
-        key: &str,
-        token: &str,
-    ) -> impl Future<Output = Result<(), BrokerError>> + Send;
-
-    /// The latest tick of `schedule` recorded by [`mark_tick`](Broker::mark_tick): the
-    /// scheduler's memory across restarts of every worker (missed ticks are counted from it).
-    fn last_tick(
-        &self,
-        schedule: &str,
-    ) -> impl Future<Output = Result<Option<DateTime<Utc>>, BrokerError>> + Send;
-
-    /// Records that `schedule`'s tick `tick` was enqueued; the record only moves forward.
-    fn mark_tick(
-        &self,
-        schedule: &str,
-        tick: DateTime<Utc>,
-    ) -> impl Future<Output = Result<(), BrokerError>> + Send;
-
-    /// The dead letters in `dead` that `selector` takes, newest first, at most `limit`.
-    fn dead_letters(
-        &self,
-        dead: &str,
-        selector: &DeadSelector,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<DeadLetter>, BrokerError>> + Send;
-
-    /// Moves the selected dead letters back to the queue each failed on, attempts reset, each in
-    /// one atomic step (an interrupted replay loses and duplicates nothing).
-    fn replay(
-        &self,
-        dead: &str,
-        selector: &DeadSelector,
-    ) -> impl Future<Output = Result<ReplayReport, BrokerError>> + Send;
-
-    /// Deletes the selected dead letters; returns how many.
-    fn purge(
-        &self,
-        dead: &str,
-        selector: &DeadSelector,
-    ) -> impl Future<Output = Result<u64, BrokerError>> + Send;
-
-    /// What `queue` holds now.
-    fn stats(&self, queue: &str) -> impl Future<Output = Result<QueueStats, BrokerError>> + Send;
-
-    /// The names of the queues (and dead letters) the backend holds now, sorted: what an
-    /// operator's `queues` lists.
-    fn queues(&self) -> impl Future<Output = Result<Vec<String>, BrokerError>> + Send;
-
-    /// How many dead letters `dead` holds.
-    fn dead_len(&self, dead: &str) -> impl Future<Output = Result<u64, BrokerError>> + Send;
-
-    /// The dead letter a failure goes to when the mount declares none (a job of a kind nobody
-    /// handles, a payload that cannot be parsed): `<stream>:dead`, `<group>.dead`.
-    fn default_dead_letter(&self, queue: &str) -> String;
 
     /// How long a claim holds a job; the runtime renews a held delivery every third of it. The
     /// backends here default to [`DEFAULT_LEASE`].
@@ -470,13 +495,6 @@ pub trait Broker: Clone + Send + Sync + 'static {
     fn use_clock(&self, clock: &Clock) -> bool {
         let _ = clock;
         false
-    }
-
-    /// When the next delayed job of `queue` is due, if the broker can tell cheaply (the harness
-    /// uses it to step its clock through chains of delayed retries).
-    fn next_due(&self, queue: &str) -> impl Future<Output = Option<DateTime<Utc>>> + Send {
-        let _ = queue;
-        async { None }
     }
 }
 
@@ -510,7 +528,7 @@ pub fn tick_job_id(schedule: &str, tick: DateTime<Utc>) -> JobId {
 type Batch = Vec<(Envelope, Option<DateTime<Utc>>)>;
 
 /// Publishing straight through a broker, for producers that run no service: connect it
-/// ([`Broker::connect`]), then publish [`Job`](crate::Job)s one at a time or in batches.
+/// ([`Inspect::connect`]), then publish [`Job`](crate::Job)s one at a time or in batches.
 ///
 /// ```no_run
 /// # async fn f(broker: stagedoor_jobs::MemoryBroker) -> Result<(), Box<dyn std::error::Error>> {

@@ -37,7 +37,7 @@
 //!
 //! Each test uses queues of its own (named `cf_<row>`); a fixture on a shared server namespaces
 //! them so that parallel tests and repeated runs do not meet. Dead letters are always named
-//! with [`Broker::default_dead_letter`], so the names are valid on every backend.
+//! with [`DeadLetters::default_dead_letter`](crate::DeadLetters::default_dead_letter), so the names are valid on every backend.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -49,6 +49,7 @@ use serde::{Deserialize, Serialize};
 use crate::broker::{
     Broker, DeadLetter, DeadSelector, QueueStats, ReplayReport, Settled, Settlement,
 };
+use crate::broker::{DeadLetters, Inspect};
 use crate::outcome::{Failure, FailureCause};
 use crate::service::{AppInfo, Service};
 use crate::testing::{Outcome, TestApp};

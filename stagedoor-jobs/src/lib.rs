@@ -83,7 +83,8 @@ pub mod testing;
 
 pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate, UNCAPPED_FLOOR};
 pub use broker::{
-    Broker, BrokerError, DeadLetter, DeadSelector, Publish, Published, QueueStats, ReplayReport,
+    Broker, BrokerError, DeadLetter, DeadLetters, DeadSelector, Inspect, Locks, Publish, Published,
+    QueueStats, ReplayReport,
 };
 pub use clock::{Clock, SYNC_EVERY};
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt};

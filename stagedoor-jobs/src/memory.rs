@@ -13,6 +13,7 @@ use crate::broker::{
     Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, Published,
     QueueStats, ReplayReport, Settled, Settlement,
 };
+use crate::broker::{DeadLetters, Inspect, Locks};
 use crate::clock::Clock;
 use crate::envelope::{Envelope, JobId};
 use crate::outcome::Failure;
@@ -210,9 +211,7 @@ impl MemoryBroker {
     }
 }
 
-impl Broker for MemoryBroker {
-    type Receipt = MemoryReceipt;
-
+impl Inspect for MemoryBroker {
     fn backend(&self) -> &'static str {
         "memory"
     }
@@ -220,6 +219,170 @@ impl Broker for MemoryBroker {
     async fn connect(&self) -> Result<(), BrokerError> {
         Ok(())
     }
+
+    async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
+        // The lock first, then the clock: a settlement cannot land between the two.
+        let mem = self.mem();
+        let now = self.now();
+        let Some(q) = mem.queues.get(queue) else {
+            return Ok(QueueStats::default());
+        };
+        let mut s = QueueStats {
+            pending: q.running.values().filter(|r| r.lease_until > now).count() as u64,
+            ready: q.running.values().filter(|r| r.lease_until <= now).count() as u64,
+            ..QueueStats::default()
+        };
+        for (due, _) in q.waiting.keys() {
+            if *due <= now {
+                s.ready += 1;
+                let waited = (now - *due).to_std().unwrap_or_default();
+                s.oldest = Some(s.oldest.map_or(waited, |o| o.max(waited)));
+            } else {
+                s.delayed += 1;
+            }
+        }
+        Ok(s)
+    }
+
+    async fn queues(&self) -> Result<Vec<String>, BrokerError> {
+        let mut names: Vec<String> = self.mem().queues.keys().cloned().collect();
+        names.sort();
+        Ok(names)
+    }
+
+    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        Self::next_due_locked(&self.mem(), queue)
+    }
+}
+
+impl DeadLetters for MemoryBroker {
+    async fn dead_letters(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, BrokerError> {
+        Ok(self
+            .dead_of(dead, selector)
+            .into_iter()
+            .take(limit)
+            .map(|(_, d)| d)
+            .collect())
+    }
+
+    async fn replay(
+        &self,
+        dead: &str,
+        selector: &DeadSelector,
+    ) -> Result<ReplayReport, BrokerError> {
+        let now = self.now();
+        let selected = self.dead_of(dead, selector);
+        let mut report = ReplayReport::default();
+        {
+            let mut mem = self.mem();
+            let Mem { queues, seq, .. } = &mut *mem;
+            for (key, letter) in selected {
+                // A job whose id is back in its queue already is left where it is.
+                if queues
+                    .get(&letter.origin)
+                    .is_some_and(|q| q.ids.contains(letter.envelope.id()))
+                {
+                    report.skipped += 1;
+                    continue;
+                }
+                let Some(stored) = queues.get_mut(dead).and_then(|q| q.waiting.remove(&key)) else {
+                    report.skipped += 1;
+                    continue;
+                };
+                if let Some(q) = queues.get_mut(dead) {
+                    q.ids.remove(stored.envelope.id());
+                }
+                let origin = queues.entry(letter.origin.clone()).or_default();
+                origin.ids.insert(stored.envelope.id().clone());
+                *seq += 1;
+                let envelope = stored.envelope.with_attempt(0);
+                origin.waiting.insert(
+                    (now, *seq),
+                    Stored {
+                        envelope,
+                        dead: None,
+                        unread_dead: false,
+                    },
+                );
+                report.replayed += 1;
+            }
+        }
+        self.inner.changed.notify_waiters();
+        Ok(report)
+    }
+
+    async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
+        let selected = self.dead_of(dead, selector);
+        let mut mem = self.mem();
+        let Some(q) = mem.queues.get_mut(dead) else {
+            return Ok(0);
+        };
+        let mut n = 0;
+        for (key, _) in selected {
+            if let Some(s) = q.waiting.remove(&key) {
+                q.ids.remove(s.envelope.id());
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
+        let mem = self.mem();
+        Ok(mem.queues.get(dead).map_or(0, |q| {
+            q.waiting.values().filter(|s| s.dead.is_some()).count() as u64
+        }))
+    }
+
+    fn default_dead_letter(&self, queue: &str) -> String {
+        format!("{queue}.dead")
+    }
+}
+
+impl Locks for MemoryBroker {
+    async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
+        let now = self.now();
+        let mut mem = self.mem();
+        match mem.locks.get(key) {
+            Some((_, until)) if *until > now => Ok(false),
+            _ => {
+                mem.locks.retain(|_, (_, until)| *until > now);
+                mem.locks.insert(
+                    key.to_owned(),
+                    (token.to_owned(), now + crate::broker::chrono_duration(ttl)),
+                );
+                Ok(true)
+            }
+        }
+    }
+
+    async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
+        Ok(self.mem().ticks.get(schedule).copied())
+    }
+
+    async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
+        let mut mem = self.mem();
+        let t = mem.ticks.entry(schedule.to_owned()).or_insert(tick);
+        *t = (*t).max(tick);
+        Ok(())
+    }
+
+    async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
+        let mut mem = self.mem();
+        if mem.locks.get(key).is_some_and(|(t, _)| t == token) {
+            mem.locks.remove(key);
+        }
+        Ok(())
+    }
+}
+
+impl Broker for MemoryBroker {
+    type Receipt = MemoryReceipt;
 
     async fn check(&self, _mounts: &[MountInfo]) -> Vec<Problem> {
         Vec::new()
@@ -381,158 +544,6 @@ impl Broker for MemoryBroker {
             .unwrap_or(Published::already_there(id)))
     }
 
-    async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
-        let now = self.now();
-        let mut mem = self.mem();
-        match mem.locks.get(key) {
-            Some((_, until)) if *until > now => Ok(false),
-            _ => {
-                mem.locks.retain(|_, (_, until)| *until > now);
-                mem.locks.insert(
-                    key.to_owned(),
-                    (token.to_owned(), now + crate::broker::chrono_duration(ttl)),
-                );
-                Ok(true)
-            }
-        }
-    }
-
-    async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        Ok(self.mem().ticks.get(schedule).copied())
-    }
-
-    async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
-        let mut mem = self.mem();
-        let t = mem.ticks.entry(schedule.to_owned()).or_insert(tick);
-        *t = (*t).max(tick);
-        Ok(())
-    }
-
-    async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
-        let mut mem = self.mem();
-        if mem.locks.get(key).is_some_and(|(t, _)| t == token) {
-            mem.locks.remove(key);
-        }
-        Ok(())
-    }
-
-    async fn dead_letters(
-        &self,
-        dead: &str,
-        selector: &DeadSelector,
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>, BrokerError> {
-        Ok(self
-            .dead_of(dead, selector)
-            .into_iter()
-            .take(limit)
-            .map(|(_, d)| d)
-            .collect())
-    }
-
-    async fn replay(
-        &self,
-        dead: &str,
-        selector: &DeadSelector,
-    ) -> Result<ReplayReport, BrokerError> {
-        let now = self.now();
-        let selected = self.dead_of(dead, selector);
-        let mut report = ReplayReport::default();
-        {
-            let mut mem = self.mem();
-            let Mem { queues, seq, .. } = &mut *mem;
-            for (key, letter) in selected {
-                // A job whose id is back in its queue already is left where it is.
-                if queues
-                    .get(&letter.origin)
-                    .is_some_and(|q| q.ids.contains(letter.envelope.id()))
-                {
-                    report.skipped += 1;
-                    continue;
-                }
-                let Some(stored) = queues.get_mut(dead).and_then(|q| q.waiting.remove(&key)) else {
-                    report.skipped += 1;
-                    continue;
-                };
-                if let Some(q) = queues.get_mut(dead) {
-                    q.ids.remove(stored.envelope.id());
-                }
-                let origin = queues.entry(letter.origin.clone()).or_default();
-                origin.ids.insert(stored.envelope.id().clone());
-                *seq += 1;
-                let envelope = stored.envelope.with_attempt(0);
-                origin.waiting.insert(
-                    (now, *seq),
-                    Stored {
-                        envelope,
-                        dead: None,
-                        unread_dead: false,
-                    },
-                );
-                report.replayed += 1;
-            }
-        }
-        self.inner.changed.notify_waiters();
-        Ok(report)
-    }
-
-    async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
-        let selected = self.dead_of(dead, selector);
-        let mut mem = self.mem();
-        let Some(q) = mem.queues.get_mut(dead) else {
-            return Ok(0);
-        };
-        let mut n = 0;
-        for (key, _) in selected {
-            if let Some(s) = q.waiting.remove(&key) {
-                q.ids.remove(s.envelope.id());
-                n += 1;
-            }
-        }
-        Ok(n)
-    }
-
-    async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
-        // The lock first, then the clock: a settlement cannot land between the two.
-        let mem = self.mem();
-        let now = self.now();
-        let Some(q) = mem.queues.get(queue) else {
-            return Ok(QueueStats::default());
-        };
-        let mut s = QueueStats {
-            pending: q.running.values().filter(|r| r.lease_until > now).count() as u64,
-            ready: q.running.values().filter(|r| r.lease_until <= now).count() as u64,
-            ..QueueStats::default()
-        };
-        for (due, _) in q.waiting.keys() {
-            if *due <= now {
-                s.ready += 1;
-                let waited = (now - *due).to_std().unwrap_or_default();
-                s.oldest = Some(s.oldest.map_or(waited, |o| o.max(waited)));
-            } else {
-                s.delayed += 1;
-            }
-        }
-        Ok(s)
-    }
-
-    async fn queues(&self) -> Result<Vec<String>, BrokerError> {
-        let mut names: Vec<String> = self.mem().queues.keys().cloned().collect();
-        names.sort();
-        Ok(names)
-    }
-
-    async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
-        let mem = self.mem();
-        Ok(mem.queues.get(dead).map_or(0, |q| {
-            q.waiting.values().filter(|s| s.dead.is_some()).count() as u64
-        }))
-    }
-
-    fn default_dead_letter(&self, queue: &str) -> String {
-        format!("{queue}.dead")
-    }
-
     fn lease(&self) -> Duration {
         self.inner.lease
     }
@@ -545,10 +556,6 @@ impl Broker for MemoryBroker {
         *self.inner.clock.lock().expect("clock lock") = clock.clone();
         self.inner.changed.notify_waiters();
         true
-    }
-
-    async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-        Self::next_due_locked(&self.mem(), queue)
     }
 }
 

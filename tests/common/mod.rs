@@ -130,6 +130,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::{Connection, Row as _, ValueRef as _};
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::{Broker, Inbox, Job, JobId};
 use stagedoor_jobs_sqlx::{SqlReceipt, SqlxBroker, SqlxRoute};
 
