@@ -35,6 +35,7 @@
 mod broker;
 mod conn;
 mod entry;
+mod errors;
 mod keys;
 mod scripts;
 mod stream;
