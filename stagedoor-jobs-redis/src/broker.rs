@@ -25,9 +25,9 @@ use crate::value;
 /// The consumer group every worker joins.
 pub(crate) const GROUP: &str = "stagedoor";
 /// How long the dead stream grows before it is trimmed (approximately).
-const DEAD_MAXLEN: u64 = 10_000;
+pub(crate) const DEAD_MAXLEN: u64 = 10_000;
 /// Delayed jobs moved per script call.
-const MOVE_BATCH: usize = 100;
+pub(crate) const MOVE_BATCH: usize = 100;
 
 /// A job backend on Redis Streams (seed 000): one stream per queue read by a consumer group,
 /// delayed jobs and retries in a sorted set, a dead stream `<stream>:dead`.
@@ -39,54 +39,54 @@ const MOVE_BATCH: usize = 100;
 /// ```
 #[derive(Clone)]
 pub struct RedisBroker {
-    inner: Arc<Inner>,
-    lease: Duration,
-    max_deliveries: u32,
-    namespace: String,
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) lease: Duration,
+    pub(crate) max_deliveries: u32,
+    pub(crate) namespace: String,
 }
 
-struct Inner {
-    target: Result<Target, String>,
-    url_for_messages: String,
-    conn: OnceCell<Conn>,
+pub(crate) struct Inner {
+    pub(crate) target: Result<Target, String>,
+    pub(crate) url_for_messages: String,
+    pub(crate) conn: OnceCell<Conn>,
     /// The broker's clock, shared by its clones: the runtime keeps it in step with the
     /// server's (`TIME`), and every due time, `failed_at` and delayed score is read from it.
-    clock: Clock,
+    pub(crate) clock: Clock,
     /// Reads the server's errors and remembers the last connection-level one.
-    errors: Arc<Errors>,
+    pub(crate) errors: Arc<Errors>,
     /// Whether the server knows script flags (Redis 7 and later, found at connect): the
     /// scripts that settle, reclaim and move jobs then run on a full server too.
-    allow_oom: AtomicBool,
+    pub(crate) allow_oom: AtomicBool,
     /// One connection per queue for blocking reads, which would hold up the shared one.
-    blocking: tokio::sync::Mutex<HashMap<String, Conn>>,
+    pub(crate) blocking: tokio::sync::Mutex<HashMap<String, Conn>>,
     /// This process's consumer name in every group.
-    consumer: String,
+    pub(crate) consumer: String,
     /// When each queue last looked for entries to reclaim and for due delayed jobs.
-    housekeeping: Mutex<HashMap<String, Housekeeping>>,
+    pub(crate) housekeeping: Mutex<HashMap<String, Housekeeping>>,
     /// Dead-stream entries trimmed away so far (also logged).
-    trimmed: AtomicU64,
+    pub(crate) trimmed: AtomicU64,
     /// Per stream, the task that acknowledges settled deliveries in batches.
-    acks: Mutex<HashMap<String, tokio::sync::mpsc::UnboundedSender<AckReq>>>,
+    pub(crate) acks: Mutex<HashMap<String, tokio::sync::mpsc::UnboundedSender<AckReq>>>,
     /// Per queue, the caps of its mounts that have a dead letter (told by [`Broker::check`]
     /// at startup): an entry whose `attempts` field alone reaches its mount's cap is
     /// dead-lettered at claim time, saying so.
-    caps: Mutex<HashMap<String, Vec<Cap>>>,
+    pub(crate) caps: Mutex<HashMap<String, Vec<Cap>>>,
 }
 
 /// The cap of one mount with a dead letter.
 #[derive(Clone, Debug)]
-struct Cap {
-    subscriber: String,
-    kind: Option<String>,
-    max_attempts: u32,
+pub(crate) struct Cap {
+    pub(crate) subscriber: String,
+    pub(crate) kind: Option<String>,
+    pub(crate) max_attempts: u32,
 }
 
 /// A delivery to acknowledge in its stream's next [`scripts::ACK_MANY`] call.
-struct AckReq {
-    id: String,
-    deliveries: u64,
-    job: String,
-    reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
+pub(crate) struct AckReq {
+    pub(crate) id: String,
+    pub(crate) deliveries: u64,
+    pub(crate) job: String,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
 }
 
 /// Acknowledges deliveries in batches: what settled while the previous call ran goes in the
@@ -126,18 +126,18 @@ async fn ack_loop(
 }
 
 #[derive(Clone, Copy)]
-struct Housekeeping {
-    reclaimed_at: Option<tokio::time::Instant>,
-    next_delayed: Option<tokio::time::Instant>,
+pub(crate) struct Housekeeping {
+    pub(crate) reclaimed_at: Option<tokio::time::Instant>,
+    pub(crate) next_delayed: Option<tokio::time::Instant>,
 }
 
 /// A delivery's receipt: its entry, the delivery count it was claimed with (the fence), and
 /// its fields (a retry or a dead letter re-adds them).
 #[derive(Debug)]
 pub struct RedisReceipt {
-    id: String,
-    deliveries: u64,
-    fields: Fields,
+    pub(crate) id: String,
+    pub(crate) deliveries: u64,
+    pub(crate) fields: Fields,
 }
 
 impl fmt::Debug for RedisBroker {
@@ -154,56 +154,12 @@ impl fmt::Debug for RedisBroker {
 use stagedoor_jobs::broker::Published;
 use stagedoor_jobs::broker::mask_url as mask;
 
-fn ms(t: DateTime<Utc>) -> i64 {
+pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
 }
 
-/// Jobs per call of the publish script: each call is one step on the server, short enough
-/// (about a millisecond) not to hold up other clients for long.
-const PUBLISH_CHUNK: usize = 500;
-/// Arguments per call of the publish script, about (a call holds one job at least).
-const PUBLISH_CHUNK_BYTES: usize = 4 << 20;
-
-/// The publish script's calls for `jobs`: for each, the position of its first job and its
-/// ARGV (`job_id, due_ms, n` and `n` items per job, see [`scripts::PUBLISH`]). A call holds
-/// at most [`PUBLISH_CHUNK`] jobs and about [`PUBLISH_CHUNK_BYTES`].
-fn publish_chunks(
-    jobs: &[(Envelope, Option<DateTime<Utc>>)],
-    now: DateTime<Utc>,
-) -> Vec<(usize, Vec<Vec<u8>>)> {
-    let mut chunks = Vec::new();
-    let mut args = Vec::new();
-    let (mut first, mut count, mut bytes) = (0, 0, 0);
-    for (i, (envelope, at)) in jobs.iter().enumerate() {
-        if count == PUBLISH_CHUNK || (count > 0 && bytes >= PUBLISH_CHUNK_BYTES) {
-            chunks.push((first, std::mem::take(&mut args)));
-            (first, count, bytes) = (i, 0, 0);
-        }
-        let fields = entry::encode(envelope, 0);
-        let due = match at {
-            Some(t) if *t > now => ms(*t),
-            _ => 0,
-        };
-        let items = if due > 0 {
-            vec![entry::member(&fields)]
-        } else {
-            entry::flat(&fields)
-        };
-        bytes += items.iter().map(Vec::len).sum::<usize>();
-        args.push(envelope.id().as_str().as_bytes().to_vec());
-        args.push(due.to_string().into_bytes());
-        args.push(items.len().to_string().into_bytes());
-        args.extend(items);
-        count += 1;
-    }
-    if count > 0 {
-        chunks.push((first, args));
-    }
-    chunks
-}
-
 impl RedisBroker {
-    fn with_target(target: Result<Target, String>, url_for_messages: String) -> Self {
+    pub(crate) fn with_target(target: Result<Target, String>, url_for_messages: String) -> Self {
         let consumer = format!(
             "{}-{}-{}",
             std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".to_owned()),
@@ -327,7 +283,11 @@ impl RedisBroker {
     /// stream's first acknowledgement and again whenever it is found stopped (it ran on a tokio
     /// runtime that has shut down, say): one dead task never makes every later acknowledgement
     /// fail. A panic inside it restarts it in place.
-    fn ack_sender(&self, c: &Conn, keys: &Keys) -> tokio::sync::mpsc::UnboundedSender<AckReq> {
+    pub(crate) fn ack_sender(
+        &self,
+        c: &Conn,
+        keys: &Keys,
+    ) -> tokio::sync::mpsc::UnboundedSender<AckReq> {
         let mut acks = self
             .inner
             .acks
@@ -356,7 +316,7 @@ impl RedisBroker {
         tx
     }
 
-    fn keys(&self, name: &str) -> Keys {
+    pub(crate) fn keys(&self, name: &str) -> Keys {
         Keys::of(&self.namespace, name)
     }
 
@@ -373,7 +333,7 @@ impl RedisBroker {
         self.keys(queue).stream
     }
 
-    fn conn(&self) -> Result<Conn, BrokerError> {
+    pub(crate) fn conn(&self) -> Result<Conn, BrokerError> {
         self.inner
             .conn
             .get()
@@ -381,7 +341,7 @@ impl RedisBroker {
             .ok_or(BrokerError::NotConnected)
     }
 
-    async fn blocking_conn(&self, queue: &str) -> Result<Conn, BrokerError> {
+    pub(crate) async fn blocking_conn(&self, queue: &str) -> Result<Conn, BrokerError> {
         let mut map = self.inner.blocking.lock().await;
         if let Some(c) = map.get(queue) {
             return Ok(c.clone());
@@ -397,18 +357,18 @@ impl RedisBroker {
     }
 
     /// The time now on the broker's clock (the server's, once the runtime has synced it).
-    fn now(&self) -> DateTime<Utc> {
+    pub(crate) fn now(&self) -> DateTime<Utc> {
         self.inner.clock.now()
     }
 
     /// The broker's error for the server's error `e` (a connection-level one is recorded).
-    fn err(&self, e: redis::RedisError) -> BrokerError {
+    pub(crate) fn err(&self, e: redis::RedisError) -> BrokerError {
         self.inner.errors.of(e)
     }
 
     /// Makes the delayed mover of `queue` look by `due` (read at `now` on the broker's clock):
     /// a delayed job just published may be due before its next look.
-    fn look_for_due_by(&self, queue: &str, due: DateTime<Utc>, now: DateTime<Utc>) {
+    pub(crate) fn look_for_due_by(&self, queue: &str, due: DateTime<Utc>, now: DateTime<Utc>) {
         if let Some(h) = self
             .inner
             .housekeeping
@@ -422,13 +382,13 @@ impl RedisBroker {
     }
 
     /// Whether the scripts run with `allow-oom` (the server is Redis 7 or later).
-    fn allow_oom(&self) -> bool {
+    pub(crate) fn allow_oom(&self) -> bool {
         self.inner.allow_oom.load(Ordering::Relaxed)
     }
 
     /// Whether `keys`' stream has the consumer group (`XINFO GROUPS`, which a full server
     /// answers); `false` when that cannot be told.
-    async fn group_exists(&self, keys: &Keys) -> bool {
+    pub(crate) async fn group_exists(&self, keys: &Keys) -> bool {
         let Ok(mut c) = self.conn() else {
             return false;
         };
@@ -449,7 +409,7 @@ impl RedisBroker {
     /// The fields of the dead letter of an entry with `fields`: every field it had, then its
     /// `attempts` (spent; `None` keeps the entry's own field as it was, a malformed one
     /// included), `error`, `traceback`, `failed_at` and `origin`.
-    fn dead_fields(
+    pub(crate) fn dead_fields(
         &self,
         fields: &Fields,
         attempts: Option<u32>,
@@ -469,7 +429,7 @@ impl RedisBroker {
         f
     }
 
-    fn note_trimmed(&self, dead: &str, n: i64) {
+    pub(crate) fn note_trimmed(&self, dead: &str, n: i64) {
         if n > 0 {
             self.inner.trimmed.fetch_add(n as u64, Ordering::Relaxed);
             metrics::counter!("stagedoor_jobs_dead_trimmed_total", "dead_letter" => dead.to_owned()).increment(n as u64);
@@ -483,7 +443,7 @@ impl RedisBroker {
 
     /// Dead-letters an entry this worker holds, in one step; returns whether it was still ours.
     /// `attempts`: the attempts spent it reports (`None`: its own field, kept as it was).
-    async fn dead_letter_held(
+    pub(crate) async fn dead_letter_held(
         &self,
         keys: &Keys,
         (id, deliveries, fields): (&str, u64, &Fields),
@@ -514,7 +474,7 @@ impl RedisBroker {
     }
 
     /// Moves due delayed jobs to the stream under the mover's lock; returns when the next is due.
-    async fn move_due(&self, keys: &Keys) -> Result<Option<DateTime<Utc>>, BrokerError> {
+    pub(crate) async fn move_due(&self, keys: &Keys) -> Result<Option<DateTime<Utc>>, BrokerError> {
         let mut c = self.conn()?;
         let token = &self.inner.consumer;
         // Through a script, which a full server runs too (a plain `SET NX` it refuses): moving
@@ -563,7 +523,7 @@ impl RedisBroker {
     }
 
     /// Reclaims entries idle past the lease (at most every quarter lease per queue).
-    async fn reclaim(
+    pub(crate) async fn reclaim(
         &self,
         keys: &Keys,
         max: usize,
@@ -622,7 +582,7 @@ impl RedisBroker {
     /// The cap of the mount that runs `kind` on `queue` (its own kind's mount, else the one
     /// for every kind), when that mount has a dead letter and `spent` attempts reach it. A
     /// fresh entry (`spent` 0, the common case) never does: no lock is taken.
-    fn cap_reached(&self, queue: &str, kind: &str, spent: u32) -> Option<Cap> {
+    pub(crate) fn cap_reached(&self, queue: &str, kind: &str, spent: u32) -> Option<Cap> {
         if spent == 0 {
             return None;
         }
@@ -646,7 +606,7 @@ impl RedisBroker {
     /// is not a whole number of 0 or more: its fields are kept as they were), and an entry
     /// whose `attempts` field alone reaches its mount's cap (it arrived with its attempts
     /// already spent: no worker died running it here).
-    async fn delivery(
+    pub(crate) async fn delivery(
         &self,
         keys: &Keys,
         id: String,
@@ -720,7 +680,7 @@ impl RedisBroker {
     /// it); without a `kind` its kind is empty; without `enqueued_at` or `failed_at` the time
     /// is the entry's own (when it was added to the dead stream). An `attempts` field that is
     /// not a number reports 0 (the field is kept as it is).
-    fn dead_letter_of(&self, dead: &str, id: String, fields: &Fields) -> DeadLetter {
+    pub(crate) fn dead_letter_of(&self, dead: &str, id: String, fields: &Fields) -> DeadLetter {
         let attempts = entry::attempts_or_zero(fields);
         let origin = entry::text(fields, "origin")
             .unwrap_or_else(|| dead.trim_end_matches(DEAD_SUFFIX).to_owned());
@@ -1093,89 +1053,7 @@ impl Broker for RedisBroker {
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
     ) -> Result<Vec<Published>, BrokerError> {
-        let mut c = self.conn()?;
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let keys = self.keys(queue);
-        let now = self.now();
-        let chunks = publish_chunks(&jobs, now);
-        let skipped: Vec<Vec<i64>> = if let [(_, args)] = chunks.as_slice() {
-            // One call: atomic by itself, one round trip once the script is loaded.
-            vec![
-                scripts::PUBLISH
-                    .key(&keys.stream)
-                    .key(&keys.delayed)
-                    .key(&keys.ids)
-                    .arg(args)
-                    .invoke_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?,
-            ]
-        } else {
-            // Several calls in one transaction (`MULTI` ... `EXEC`), sent in one round trip:
-            // the server runs them one after the other with nothing in between, or none if
-            // the connection fails before `EXEC` arrives. A call failing while it runs (a key
-            // of the wrong type) is not undone by `EXEC`, but it fails the publish. `EVAL`
-            // with the text rather than `EVALSHA`: a script missing from the cache inside
-            // `EXEC` could not be loaded and retried. A retry of the whole batch after an
-            // error is safe: ids already in the queue are not added twice.
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            for (_, args) in &chunks {
-                pipe.cmd("EVAL")
-                    .arg(scripts::PUBLISH_BODY)
-                    .arg(3)
-                    .arg(&keys.stream)
-                    .arg(&keys.delayed)
-                    .arg(&keys.ids)
-                    .arg(args);
-            }
-            pipe.query_async(&mut c).await.map_err(|e| self.err(e))?
-        };
-        // The script reports the 1-based positions (within its call) of the jobs whose id was
-        // already in the queue or earlier in the batch; every other job was stored.
-        let mut stored = vec![true; jobs.len()];
-        if skipped.len() != chunks.len() {
-            return Err(BrokerError::Backend(format!(
-                "the publish of {} jobs to `{queue}` returned {} answers for {} script calls",
-                jobs.len(),
-                skipped.len(),
-                chunks.len()
-            )));
-        }
-        for ((first, _), positions) in chunks.iter().zip(&skipped) {
-            for p in positions {
-                let at = usize::try_from(*p - 1).ok().map(|p| first + p);
-                match at.and_then(|i| stored.get_mut(i)) {
-                    Some(s) => *s = false,
-                    None => {
-                        return Err(BrokerError::Backend(format!(
-                            "the publish script reported job {p} of a call as skipped, a position outside the call (queue `{queue}`)"
-                        )));
-                    }
-                }
-            }
-        }
-        let published: Vec<Published> = jobs
-            .iter()
-            .zip(stored)
-            .map(|((envelope, _), stored)| {
-                if !stored {
-                    stagedoor_jobs::broker::log_not_stored(queue, envelope.id());
-                }
-                Published::new(envelope.id().clone(), stored)
-            })
-            .collect();
-        if let Some(soonest) = jobs
-            .iter()
-            .filter_map(|(_, at)| *at)
-            .filter(|t| *t > now)
-            .min()
-        {
-            self.look_for_due_by(queue, soonest, now);
-        }
-        Ok(published)
+        self.publish(queue, jobs).await
     }
 
     /// One script: when the guard's key (`{<queue>}:once:<guard>`,
@@ -1189,102 +1067,27 @@ impl Broker for RedisBroker {
         guard: &str,
         ttl: Duration,
     ) -> Result<Published, BrokerError> {
-        let mut c = self.conn()?;
-        let keys = self.keys(queue);
-        let now = self.now();
-        let id = job.0.id().clone();
-        let at = job.1;
-        let jobs = [job];
-        let Some((_, args)) = publish_chunks(&jobs, now).pop() else {
-            return Err(BrokerError::Backend(format!(
-                "publish_once to `{queue}`: the job made no script arguments"
-            )));
-        };
-        let n: i64 = scripts::PUBLISH_ONCE
-            .key(&keys.stream)
-            .key(&keys.delayed)
-            .key(&keys.ids)
-            .key(keys.once(guard))
-            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1))
-            .arg(args)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        match n {
-            1 => {
-                if let Some(t) = at.filter(|t| *t > now) {
-                    self.look_for_due_by(queue, t, now);
-                }
-                Ok(Published::stored(id))
-            }
-            0 => {
-                stagedoor_jobs::broker::log_not_stored(queue, &id);
-                Ok(Published::already_there(id))
-            }
-            _ => Ok(Published::already_there(id)),
-        }
+        self.publish_once(queue, job, guard, ttl).await
     }
 
     async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        let mut c = self.conn()?;
-        let (secs, micros): (i64, i64) = cmd("TIME")
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        let nanos = u32::try_from(micros.clamp(0, 999_999) * 1_000).unwrap_or(0);
-        match DateTime::<Utc>::from_timestamp(secs, nanos) {
-            Some(t) => Ok(Some(t)),
-            None => Err(BrokerError::Backend(format!(
-                "Redis at `{}` answered TIME with {secs} s {micros} µs, not a time",
-                self.inner.url_for_messages
-            ))),
-        }
+        self.server_time().await
     }
 
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
-        let mut c = self.conn()?;
-        let got: Option<String> = cmd("SET")
-            .arg(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl.as_millis().max(1) as u64)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(got.is_some())
+        self.try_lock(key, token, ttl).await
     }
 
     async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        let mut c = self.conn()?;
-        let v: Option<i64> = cmd("GET")
-            .arg(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(v.and_then(DateTime::<Utc>::from_timestamp_millis))
+        self.last_tick(schedule).await
     }
 
     async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
-        let mut c = self.conn()?;
-        let _: i64 = scripts::SET_MAX
-            .key(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
-            .arg(ms(tick))
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.mark_tick(schedule, tick).await
     }
 
     async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
-        let mut c = self.conn()?;
-        let _: i64 = scripts::UNLOCK
-            .key(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
-            .arg(token)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.unlock(key, token).await
     }
 
     async fn dead_letters(
@@ -1403,154 +1206,15 @@ impl Broker for RedisBroker {
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
-        let keys = self.keys(queue);
-        let mut c = self.conn()?;
-        if Keys::is_dead(queue) {
-            let len: i64 = cmd("XLEN")
-                .arg(&keys.stream)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            return Ok(QueueStats {
-                ready: len.max(0) as u64,
-                ..QueueStats::default()
-            });
-        }
-        let mut pipe = redis::pipe();
-        pipe.cmd("XLEN").arg(&keys.stream);
-        pipe.cmd("XPENDING").arg(&keys.stream).arg(GROUP);
-        pipe.cmd("ZCARD").arg(&keys.delayed);
-        pipe.cmd("XINFO").arg("GROUPS").arg(&keys.stream);
-        // Deliveries idle past the lease: their worker is gone, and the next claim reclaims
-        // them, so they count as ready, not pending (bounded: at most 1,000 are counted).
-        pipe.cmd("XPENDING")
-            .arg(&keys.stream)
-            .arg(GROUP)
-            .arg("IDLE")
-            .arg(self.lease.as_millis() as u64)
-            .arg("-")
-            .arg("+")
-            .arg(1000);
-        let replies: Vec<Value> = match pipe.query_async(&mut c).await {
-            Ok(r) => r,
-            // No stream yet (nothing published, no worker started): an empty queue.
-            Err(e)
-                if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") =>
-            {
-                let delayed: i64 = cmd("ZCARD")
-                    .arg(&keys.delayed)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                let len: i64 = cmd("XLEN")
-                    .arg(&keys.stream)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                return Ok(QueueStats {
-                    ready: len.max(0) as u64,
-                    delayed: delayed.max(0) as u64,
-                    ..QueueStats::default()
-                });
-            }
-            Err(e) => return Err(self.err(e)),
-        };
-        let len = replies.first().and_then(value::int).unwrap_or(0).max(0) as u64;
-        let pending = replies
-            .get(1)
-            .map(|p| value::array(p).first().and_then(value::int).unwrap_or(0))
-            .unwrap_or(0)
-            .max(0) as u64;
-        let delayed = replies.get(2).and_then(value::int).unwrap_or(0).max(0) as u64;
-        let expired = (replies.get(4).map_or(0, |v| value::array(v).len()) as u64).min(pending);
-        // The oldest entry not yet delivered to the group is the first after its last-delivered id.
-        let mut oldest = None;
-        let last_delivered = replies.get(3).and_then(|groups| {
-            value::array(groups).iter().find_map(|g| {
-                let f = value::fields(g);
-                (entry::text(&f, "name").as_deref() == Some(GROUP))
-                    .then(|| entry::text(&f, "last-delivered-id"))
-                    .flatten()
-            })
-        });
-        let ready = len.saturating_sub(pending);
-        if ready > 0 {
-            let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
-            let reply: Value = cmd("XRANGE")
-                .arg(&keys.stream)
-                .arg(start)
-                .arg("+")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let Some((id, _)) = value::entries(&reply).first() {
-                let added: i64 = id
-                    .split('-')
-                    .next()
-                    .and_then(|m| m.parse().ok())
-                    .unwrap_or(0);
-                oldest = Some(Duration::from_millis((ms(self.now()) - added).max(0) as u64));
-            }
-        }
-        Ok(QueueStats {
-            ready: ready + expired,
-            pending: pending - expired,
-            delayed,
-            oldest,
-        })
+        self.stats(queue).await
     }
 
     async fn queues(&self) -> Result<Vec<String>, BrokerError> {
-        // Every stream under this namespace: `{ns jobs}` is the queue `jobs`, `{ns jobs}:dead`
-        // its dead stream. On a Redis Cluster SCAN answers for one node: name the queue
-        // there instead of listing.
-        let mut c = self.conn()?;
-        let pattern = format!("{{{}*", self.namespace);
-        let mut names = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .arg("TYPE")
-                .arg("stream")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            for k in keys {
-                if let Some(rest) = k.strip_prefix('{')
-                    && let Some(end) = rest.find('}')
-                {
-                    let base = rest[..end]
-                        .strip_prefix(self.namespace.as_str())
-                        .unwrap_or(&rest[..end]);
-                    names.push(format!("{base}{}", &rest[end + 1..]));
-                }
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        names.sort();
-        names.dedup();
-        Ok(names)
+        self.queues().await
     }
 
     async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let len: i64 = cmd("XLEN")
-            .arg(&keys.dead)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(len.max(0) as u64)
+        self.dead_len(dead).await
     }
 
     fn default_dead_letter(&self, queue: &str) -> String {
@@ -1568,87 +1232,6 @@ impl Broker for RedisBroker {
     }
 
     async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-        let keys = self.keys(queue);
-        let mut c = self.conn().ok()?;
-        let reply: Value = cmd("ZRANGE")
-            .arg(&keys.delayed)
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
-            .query_async(&mut c)
-            .await
-            .ok()?;
-        let score = value::array(&reply)
-            .get(1)
-            .and_then(value::string)?
-            .parse::<f64>()
-            .ok()?;
-        DateTime::<Utc>::from_timestamp_millis(score as i64)
-    }
-}
-
-#[cfg(test)]
-mod publish_chunks_tests {
-    use super::*;
-
-    fn job(payload: usize, at: Option<DateTime<Utc>>) -> (Envelope, Option<DateTime<Utc>>) {
-        (Envelope::new("k", vec![b'x'; payload], Utc::now()), at)
-    }
-
-    /// Walks one call's ARGV as the script does: the number of jobs in it.
-    fn jobs_in(args: &[Vec<u8>]) -> usize {
-        let (mut i, mut k) = (0, 0);
-        while i < args.len() {
-            let n: usize = std::str::from_utf8(&args[i + 2]).unwrap().parse().unwrap();
-            i += 3 + n;
-            k += 1;
-        }
-        assert_eq!(i, args.len(), "the groups end with the ARGV");
-        k
-    }
-
-    #[test]
-    fn calls_hold_at_most_a_chunk_of_jobs() {
-        let now = Utc::now();
-        let at = now + chrono::Duration::minutes(1);
-        let later = Some(at);
-        let jobs: Vec<_> = (0..1_201)
-            .map(|n| job(10, if n % 2 == 0 { later } else { None }))
-            .collect();
-        let chunks = publish_chunks(&jobs, now);
-        let firsts: Vec<usize> = chunks.iter().map(|(f, _)| *f).collect();
-        assert_eq!(firsts, [0, 500, 1_000]);
-        let sizes: Vec<usize> = chunks.iter().map(|(_, a)| jobs_in(a)).collect();
-        assert_eq!(sizes, [500, 500, 201]);
-        // A delayed job carries its member, one due now its fields.
-        let a = &chunks[0].1;
-        assert_eq!(a[0], jobs[0].0.id().as_str().as_bytes());
-        assert_eq!(a[1], ms(at).to_string().into_bytes());
-        assert_eq!(a[2], b"1");
-        assert_eq!(a[4], jobs[1].0.id().as_str().as_bytes());
-        assert_eq!(a[5], b"0");
-        assert_eq!(a[6], b"10");
-        assert_eq!(a[7], b"kind");
-        assert!(publish_chunks(&[], now).is_empty());
-    }
-
-    #[test]
-    fn calls_hold_about_a_chunk_of_bytes() {
-        let big = PUBLISH_CHUNK_BYTES / 2 + 1;
-        let jobs = vec![
-            job(big, None),
-            job(big, None),
-            job(big, None),
-            job(10, None),
-        ];
-        let chunks = publish_chunks(&jobs, Utc::now());
-        let firsts: Vec<usize> = chunks.iter().map(|(f, _)| *f).collect();
-        assert_eq!(firsts, [0, 2]);
-        let huge = vec![job(2 * PUBLISH_CHUNK_BYTES, None)];
-        assert_eq!(
-            publish_chunks(&huge, Utc::now()).len(),
-            1,
-            "one job at least"
-        );
+        self.next_due(queue).await
     }
 }

@@ -37,7 +37,10 @@ mod conn;
 mod entry;
 mod errors;
 mod keys;
+mod publish;
+mod schedule;
 mod scripts;
+mod stats;
 mod stream;
 mod value;
 
