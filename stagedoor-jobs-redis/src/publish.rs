@@ -59,6 +59,8 @@ fn publish_chunks(
 }
 
 impl RedisBroker {
+    /// [`Broker::publish`](stagedoor_jobs::broker::Broker::publish) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn publish(
         &self,
         queue: &str,

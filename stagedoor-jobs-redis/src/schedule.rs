@@ -11,6 +11,8 @@ use crate::broker::{RedisBroker, ms};
 use crate::scripts;
 
 impl RedisBroker {
+    /// [`Broker::try_lock`](stagedoor_jobs::broker::Broker::try_lock) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn try_lock(
         &self,
         key: &str,
@@ -30,6 +32,8 @@ impl RedisBroker {
         Ok(got.is_some())
     }
 
+    /// [`Broker::last_tick`](stagedoor_jobs::broker::Broker::last_tick) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn last_tick(
         &self,
         schedule: &str,
@@ -43,6 +47,8 @@ impl RedisBroker {
         Ok(v.and_then(DateTime::<Utc>::from_timestamp_millis))
     }
 
+    /// [`Broker::mark_tick`](stagedoor_jobs::broker::Broker::mark_tick) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn mark_tick(
         &self,
         schedule: &str,
@@ -58,6 +64,8 @@ impl RedisBroker {
         Ok(())
     }
 
+    /// [`Broker::unlock`](stagedoor_jobs::broker::Broker::unlock) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
         let mut c = self.conn()?;
         let _: i64 = scripts::UNLOCK

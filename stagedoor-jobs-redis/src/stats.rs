@@ -14,6 +14,8 @@ use crate::keys::Keys;
 use crate::value;
 
 impl RedisBroker {
+    /// [`Broker::server_time`](stagedoor_jobs::broker::Broker::server_time) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
         let mut c = self.conn()?;
         let (secs, micros): (i64, i64) = cmd("TIME")
@@ -30,6 +32,8 @@ impl RedisBroker {
         }
     }
 
+    /// [`Broker::stats`](stagedoor_jobs::broker::Broker::stats) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
         let keys = self.keys(queue);
         let mut c = self.conn()?;
@@ -130,6 +134,8 @@ impl RedisBroker {
         })
     }
 
+    /// [`Broker::queues`](stagedoor_jobs::broker::Broker::queues) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn queues(&self) -> Result<Vec<String>, BrokerError> {
         // Every stream under this namespace: `{ns jobs}` is the queue `jobs`, `{ns jobs}:dead`
         // its dead stream. On a Redis Cluster SCAN answers for one node: name the queue
@@ -170,6 +176,8 @@ impl RedisBroker {
         Ok(names)
     }
 
+    /// [`Broker::dead_len`](stagedoor_jobs::broker::Broker::dead_len) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
         let keys = self.keys(dead);
         let mut c = self.conn()?;
@@ -181,6 +189,8 @@ impl RedisBroker {
         Ok(len.max(0) as u64)
     }
 
+    /// [`Broker::next_due`](stagedoor_jobs::broker::Broker::next_due) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
     pub(crate) async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
         let keys = self.keys(queue);
         let mut c = self.conn().ok()?;
