@@ -1,4 +1,19 @@
-//! `RedisBroker`: the [`Broker`] on Redis Streams.
+//! `RedisBroker`: the [`Broker`] on Redis Streams: the struct and its state, construction,
+//! the builder methods, the small helpers every file shares, and the one `impl Broker`, whose
+//! methods each call the inherent method of the same name (inherent methods come first in
+//! Rust's method lookup) in the file of its concern:
+//!
+//! | file | what |
+//! |---|---|
+//! | `startup.rs` | connect, check, prepare |
+//! | `claim.rs` | claim, reclaim, deliveries (and the entries that cannot run), the delayed mover |
+//! | `settle.rs` | settle, the acknowledgement batcher, renew |
+//! | `publish.rs` | publish, publish_once |
+//! | `dead.rs` | dead-lettering, dead letters, replay, purge |
+//! | `schedule.rs` | the scheduler's locks and ticks |
+//! | `stats.rs` | stats, queues, dead_len, next_due, server_time |
+//! | `errors.rs` | how the server's errors are read |
+//! | `scripts.rs` | the Lua scripts |
 
 use std::collections::HashMap;
 use std::fmt;
@@ -7,26 +22,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use redis::{ErrorKind, ServerErrorKind, Value, cmd};
 use stagedoor_jobs::broker::{
     Broker, BrokerError, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo, Problem,
-    QueueStats, ReplayReport, Settled, Settlement,
+    Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
 };
 use stagedoor_jobs::{Clock, Envelope};
 use tokio::sync::OnceCell;
 
 use crate::conn::{Conn, Target, cluster_client};
-use crate::entry::{self, Fields};
+use crate::entry::Fields;
+use crate::errors::Errors;
 use crate::keys::{DEAD_SUFFIX, Keys};
-use crate::scripts;
-use crate::value;
+use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
 
 /// The consumer group every worker joins.
 pub(crate) const GROUP: &str = "stagedoor";
 /// How long the dead stream grows before it is trimmed (approximately).
-const DEAD_MAXLEN: u64 = 10_000;
-/// Delayed jobs moved per script call.
-const MOVE_BATCH: usize = 100;
+pub(crate) const DEAD_MAXLEN: u64 = 10_000;
 
 /// A job backend on Redis Streams (seed 000): one stream per queue read by a consumer group,
 /// delayed jobs and retries in a sorted set, a dead stream `<stream>:dead`.
@@ -38,105 +50,70 @@ const MOVE_BATCH: usize = 100;
 /// ```
 #[derive(Clone)]
 pub struct RedisBroker {
-    inner: Arc<Inner>,
-    lease: Duration,
-    max_deliveries: u32,
-    namespace: String,
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) lease: Duration,
+    pub(crate) max_deliveries: u32,
+    pub(crate) namespace: String,
 }
 
-struct Inner {
-    target: Result<Target, String>,
-    url_for_messages: String,
-    conn: OnceCell<Conn>,
+pub(crate) struct Inner {
+    pub(crate) target: Result<Target, String>,
+    pub(crate) url_for_messages: String,
+    pub(crate) conn: OnceCell<Conn>,
     /// The broker's clock, shared by its clones: the runtime keeps it in step with the
     /// server's (`TIME`), and every due time, `failed_at` and delayed score is read from it.
-    clock: Clock,
+    pub(crate) clock: Clock,
     /// Reads the server's errors and remembers the last connection-level one.
-    errors: Arc<Errors>,
+    pub(crate) errors: Arc<Errors>,
     /// Whether the server knows script flags (Redis 7 and later, found at connect): the
     /// scripts that settle, reclaim and move jobs then run on a full server too.
-    allow_oom: AtomicBool,
+    pub(crate) allow_oom: AtomicBool,
     /// One connection per queue for blocking reads, which would hold up the shared one.
-    blocking: tokio::sync::Mutex<HashMap<String, Conn>>,
+    pub(crate) blocking: tokio::sync::Mutex<HashMap<String, Conn>>,
     /// This process's consumer name in every group.
-    consumer: String,
+    pub(crate) consumer: String,
     /// When each queue last looked for entries to reclaim and for due delayed jobs.
-    housekeeping: Mutex<HashMap<String, Housekeeping>>,
+    pub(crate) housekeeping: Mutex<HashMap<String, Housekeeping>>,
     /// Dead-stream entries trimmed away so far (also logged).
-    trimmed: AtomicU64,
+    pub(crate) trimmed: AtomicU64,
     /// Per stream, the task that acknowledges settled deliveries in batches.
-    acks: Mutex<HashMap<String, tokio::sync::mpsc::UnboundedSender<AckReq>>>,
+    pub(crate) acks: Mutex<HashMap<String, tokio::sync::mpsc::UnboundedSender<AckReq>>>,
     /// Per queue, the caps of its mounts that have a dead letter (told by [`Broker::check`]
     /// at startup): an entry whose `attempts` field alone reaches its mount's cap is
     /// dead-lettered at claim time, saying so.
-    caps: Mutex<HashMap<String, Vec<Cap>>>,
+    pub(crate) caps: Mutex<HashMap<String, Vec<Cap>>>,
 }
 
 /// The cap of one mount with a dead letter.
 #[derive(Clone, Debug)]
-struct Cap {
-    subscriber: String,
-    kind: Option<String>,
-    max_attempts: u32,
+pub(crate) struct Cap {
+    pub(crate) subscriber: String,
+    pub(crate) kind: Option<String>,
+    pub(crate) max_attempts: u32,
 }
 
-/// A delivery to acknowledge in its stream's next [`scripts::ACK_MANY`] call.
-struct AckReq {
-    id: String,
-    deliveries: u64,
-    job: String,
-    reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
+/// A delivery to acknowledge in its stream's next [`ACK_MANY`](crate::scripts::ACK_MANY) call.
+pub(crate) struct AckReq {
+    pub(crate) id: String,
+    pub(crate) deliveries: u64,
+    pub(crate) job: String,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
 }
 
-/// Acknowledges deliveries in batches: what settled while the previous call ran goes in the
-/// next one (one script call for up to `ACK_BATCH` deliveries, each fenced on its own). Runs
-/// under `restart_on_panic`: the receiver is shared so that a restarted loop reads the same
-/// channel (a panic fails only the batch it interrupted; the runtime settles those again).
-async fn ack_loop(
-    mut c: Conn,
-    keys: Keys,
-    consumer: String,
-    errors: Arc<Errors>,
-    allow_oom: bool,
-    rx: stagedoor_jobs::supervise::SharedReceiver<AckReq>,
-) {
-    let mut rx = rx.lock().await;
-    let mut batch = Vec::with_capacity(scripts::ACK_BATCH);
-    while rx.recv_many(&mut batch, scripts::ACK_BATCH).await > 0 {
-        let mut call = scripts::ACK_MANY.pick(allow_oom).key(&keys.stream);
-        call.key(&keys.ids).arg(GROUP).arg(&consumer);
-        for r in &batch {
-            call.arg(&r.id).arg(r.deliveries).arg(&r.job);
-        }
-        match call.invoke_async::<Vec<i64>>(&mut c).await {
-            Ok(done) => {
-                for (i, r) in batch.drain(..).enumerate() {
-                    let _ = r.reply.send(Ok(done.get(i) == Some(&1)));
-                }
-            }
-            Err(e) => {
-                let e = errors.of(e);
-                for r in batch.drain(..) {
-                    let _ = r.reply.send(Err(e.clone()));
-                }
-            }
-        }
-    }
-}
-
+/// When a queue last looked for entries to reclaim, and when its delayed mover looks next.
 #[derive(Clone, Copy)]
-struct Housekeeping {
-    reclaimed_at: Option<tokio::time::Instant>,
-    next_delayed: Option<tokio::time::Instant>,
+pub(crate) struct Housekeeping {
+    pub(crate) reclaimed_at: Option<tokio::time::Instant>,
+    pub(crate) next_delayed: Option<tokio::time::Instant>,
 }
 
 /// A delivery's receipt: its entry, the delivery count it was claimed with (the fence), and
 /// its fields (a retry or a dead letter re-adds them).
 #[derive(Debug)]
 pub struct RedisReceipt {
-    id: String,
-    deliveries: u64,
-    fields: Fields,
+    pub(crate) id: String,
+    pub(crate) deliveries: u64,
+    pub(crate) fields: Fields,
 }
 
 impl fmt::Debug for RedisBroker {
@@ -150,130 +127,9 @@ impl fmt::Debug for RedisBroker {
     }
 }
 
-use stagedoor_jobs::broker::Published;
-use stagedoor_jobs::broker::mask_url as mask;
-use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
-
-/// The server's errors as the broker reports them, and when the last connection-level one
-/// was seen (shared by the broker's clones and its acknowledgement tasks).
-struct Errors {
-    /// The server's URL, password masked, for messages.
-    url: String,
-    /// When a connection-level error was last seen: reclaiming waits a whole lease after it.
-    last_connection_error: Mutex<Option<tokio::time::Instant>>,
-}
-
-/// Whether `e` is about reaching the server rather than about the command: the connection
-/// failed, was refused, dropped or timed out, or the server is not serving yet (`LOADING` its
-/// data after a restart, a Cluster `TRYAGAIN`, `CLUSTERDOWN` or `MASTERDOWN`).
-fn is_connection_level(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || matches!(
-            e.kind(),
-            ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::Server(
-                    ServerErrorKind::BusyLoading
-                        | ServerErrorKind::TryAgain
-                        | ServerErrorKind::ClusterDown
-                        | ServerErrorKind::MasterDown
-                )
-        )
-        || matches!(
-            e.code(),
-            Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN")
-        )
-}
-
-/// Whether `e` is the refusal of a full server (`OOM command not allowed when used memory >
-/// 'maxmemory'`), from a command or from inside a script or a transaction.
-fn is_oom(e: &redis::RedisError) -> bool {
-    e.code() == Some("OOM") || e.to_string().contains("OOM command not allowed")
-}
-
-/// The message of [`BrokerError::Full`] for the server at `url`, refusing with `e`.
-fn full_message(url: &str, e: &redis::RedisError) -> String {
-    format!(
-        "Redis at `{url}` reached its `maxmemory` limit and, with the `noeviction` policy, refuses to store more ({e}). Workers keep draining it (reading, acknowledging, retrying and dead-lettering work while it is full), which frees memory; to publish again, free memory (delete or trim what is not needed), raise `maxmemory` (`CONFIG SET maxmemory ...` and in redis.conf), or let the workers drain the queues"
-    )
-}
-
-impl Errors {
-    /// The broker's error for `e`: [`BrokerError::Connection`] for a connection-level error
-    /// (recorded: see [`quiet_for`](Self::quiet_for)), [`BrokerError::Full`] for a full server,
-    /// [`BrokerError::Backend`] for anything else.
-    fn of(&self, e: redis::RedisError) -> BrokerError {
-        if is_connection_level(&e) {
-            *self
-                .last_connection_error
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some(tokio::time::Instant::now());
-            BrokerError::Connection(e.to_string())
-        } else if is_oom(&e) {
-            BrokerError::Full(full_message(&self.url, &e))
-        } else {
-            BrokerError::Backend(e.to_string())
-        }
-    }
-
-    /// Whether no connection-level error was seen for `d` (or ever).
-    fn quiet_for(&self, d: Duration) -> bool {
-        self.last_connection_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_none_or(|t| t.elapsed() >= d)
-    }
-}
-
-fn ms(t: DateTime<Utc>) -> i64 {
+/// `t` in milliseconds since the epoch (a delayed score, a tick).
+pub(crate) fn ms(t: DateTime<Utc>) -> i64 {
     t.timestamp_millis()
-}
-
-/// Jobs per call of the publish script: each call is one step on the server, short enough
-/// (about a millisecond) not to hold up other clients for long.
-const PUBLISH_CHUNK: usize = 500;
-/// Arguments per call of the publish script, about (a call holds one job at least).
-const PUBLISH_CHUNK_BYTES: usize = 4 << 20;
-
-/// The publish script's calls for `jobs`: for each, the position of its first job and its
-/// ARGV (`job_id, due_ms, n` and `n` items per job, see [`scripts::PUBLISH`]). A call holds
-/// at most [`PUBLISH_CHUNK`] jobs and about [`PUBLISH_CHUNK_BYTES`].
-fn publish_chunks(
-    jobs: &[(Envelope, Option<DateTime<Utc>>)],
-    now: DateTime<Utc>,
-) -> Vec<(usize, Vec<Vec<u8>>)> {
-    let mut chunks = Vec::new();
-    let mut args = Vec::new();
-    let (mut first, mut count, mut bytes) = (0, 0, 0);
-    for (i, (envelope, at)) in jobs.iter().enumerate() {
-        if count == PUBLISH_CHUNK || (count > 0 && bytes >= PUBLISH_CHUNK_BYTES) {
-            chunks.push((first, std::mem::take(&mut args)));
-            (first, count, bytes) = (i, 0, 0);
-        }
-        let fields = entry::encode(envelope, 0);
-        let due = match at {
-            Some(t) if *t > now => ms(*t),
-            _ => 0,
-        };
-        let items = if due > 0 {
-            vec![entry::member(&fields)]
-        } else {
-            entry::flat(&fields)
-        };
-        bytes += items.iter().map(Vec::len).sum::<usize>();
-        args.push(envelope.id().as_str().as_bytes().to_vec());
-        args.push(due.to_string().into_bytes());
-        args.push(items.len().to_string().into_bytes());
-        args.extend(items);
-        count += 1;
-    }
-    if count > 0 {
-        chunks.push((first, args));
-    }
-    chunks
 }
 
 impl RedisBroker {
@@ -287,10 +143,7 @@ impl RedisBroker {
         Self {
             inner: Arc::new(Inner {
                 target,
-                errors: Arc::new(Errors {
-                    url: url_for_messages.clone(),
-                    last_connection_error: Mutex::new(None),
-                }),
+                errors: Arc::new(Errors::new(url_for_messages.clone())),
                 url_for_messages,
                 conn: OnceCell::new(),
                 clock: Clock::system(),
@@ -357,39 +210,6 @@ impl RedisBroker {
         self
     }
 
-    /// The fields of the dead letters `ids` of dead stream `dead` (`jobs:dead`) exactly as
-    /// stored: names and values as bytes, in order; `None` for an id with no such entry. One
-    /// round trip per 500 ids. For tools that show every field of a dead letter (a
-    /// [`DeadLetter`] decodes only the known ones).
-    pub async fn dead_letter_fields(
-        &self,
-        dead: &str,
-        ids: &[String],
-    ) -> Result<Vec<Option<Vec<(Vec<u8>, Vec<u8>)>>>, BrokerError> {
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let mut out = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(500) {
-            let mut pipe = redis::pipe();
-            for id in chunk {
-                pipe.cmd("XRANGE").arg(&keys.dead).arg(id).arg(id);
-            }
-            let replies: Vec<Value> = pipe.query_async(&mut c).await.map_err(|e| self.err(e))?;
-            for (id, reply) in chunk
-                .iter()
-                .zip(replies.iter().chain(std::iter::repeat(&Value::Nil)))
-            {
-                out.push(
-                    value::entries(reply)
-                        .into_iter()
-                        .find(|(i, _)| i == id)
-                        .map(|(_, f)| f),
-                );
-            }
-        }
-        Ok(out)
-    }
-
     /// This worker's consumer name in the groups.
     pub fn consumer(&self) -> &str {
         &self.inner.consumer
@@ -400,40 +220,8 @@ impl RedisBroker {
         self.inner.trimmed.load(Ordering::Relaxed)
     }
 
-    /// The channel to the task that acknowledges `keys`' stream, which is started at the
-    /// stream's first acknowledgement and again whenever it is found stopped (it ran on a tokio
-    /// runtime that has shut down, say): one dead task never makes every later acknowledgement
-    /// fail. A panic inside it restarts it in place.
-    fn ack_sender(&self, c: &Conn, keys: &Keys) -> tokio::sync::mpsc::UnboundedSender<AckReq> {
-        let mut acks = self
-            .inner
-            .acks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(tx) = acks.get(&keys.stream).filter(|tx| !tx.is_closed()) {
-            return tx.clone();
-        }
-        let task = format!("redis acknowledgements of `{}`", keys.stream);
-        if acks.contains_key(&keys.stream) {
-            tracing::error!(task = %task, "the acknowledgement task had stopped: starting it again");
-        }
-        let (c, k, consumer) = (c.clone(), keys.clone(), self.inner.consumer.clone());
-        let (errors, allow_oom) = (Arc::clone(&self.inner.errors), self.allow_oom());
-        let tx = stagedoor_jobs::supervise::spawn_consumer(task, move |rx| {
-            ack_loop(
-                c.clone(),
-                k.clone(),
-                consumer.clone(),
-                Arc::clone(&errors),
-                allow_oom,
-                rx,
-            )
-        });
-        acks.insert(keys.stream.clone(), tx.clone());
-        tx
-    }
-
-    fn keys(&self, name: &str) -> Keys {
+    /// The keys of queue (or dead stream) `name` in this broker's namespace.
+    pub(crate) fn keys(&self, name: &str) -> Keys {
         Keys::of(&self.namespace, name)
     }
 
@@ -450,7 +238,8 @@ impl RedisBroker {
         self.keys(queue).stream
     }
 
-    fn conn(&self) -> Result<Conn, BrokerError> {
+    /// The shared connection ([`BrokerError::NotConnected`] before `connect`).
+    pub(crate) fn conn(&self) -> Result<Conn, BrokerError> {
         self.inner
             .conn
             .get()
@@ -458,7 +247,8 @@ impl RedisBroker {
             .ok_or(BrokerError::NotConnected)
     }
 
-    async fn blocking_conn(&self, queue: &str) -> Result<Conn, BrokerError> {
+    /// `queue`'s own connection for blocking reads, made at its first one.
+    pub(crate) async fn blocking_conn(&self, queue: &str) -> Result<Conn, BrokerError> {
         let mut map = self.inner.blocking.lock().await;
         if let Some(c) = map.get(queue) {
             return Ok(c.clone());
@@ -474,357 +264,18 @@ impl RedisBroker {
     }
 
     /// The time now on the broker's clock (the server's, once the runtime has synced it).
-    fn now(&self) -> DateTime<Utc> {
+    pub(crate) fn now(&self) -> DateTime<Utc> {
         self.inner.clock.now()
     }
 
     /// The broker's error for the server's error `e` (a connection-level one is recorded).
-    fn err(&self, e: redis::RedisError) -> BrokerError {
+    pub(crate) fn err(&self, e: redis::RedisError) -> BrokerError {
         self.inner.errors.of(e)
     }
 
-    /// Makes the delayed mover of `queue` look by `due` (read at `now` on the broker's clock):
-    /// a delayed job just published may be due before its next look.
-    fn look_for_due_by(&self, queue: &str, due: DateTime<Utc>, now: DateTime<Utc>) {
-        if let Some(h) = self
-            .inner
-            .housekeeping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get_mut(queue)
-        {
-            let at = tokio::time::Instant::now() + (due - now).to_std().unwrap_or_default();
-            h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
-        }
-    }
-
     /// Whether the scripts run with `allow-oom` (the server is Redis 7 or later).
-    fn allow_oom(&self) -> bool {
+    pub(crate) fn allow_oom(&self) -> bool {
         self.inner.allow_oom.load(Ordering::Relaxed)
-    }
-
-    /// Whether `keys`' stream has the consumer group (`XINFO GROUPS`, which a full server
-    /// answers); `false` when that cannot be told.
-    async fn group_exists(&self, keys: &Keys) -> bool {
-        let Ok(mut c) = self.conn() else {
-            return false;
-        };
-        let groups: Value = match cmd("XINFO")
-            .arg("GROUPS")
-            .arg(&keys.stream)
-            .query_async(&mut c)
-            .await
-        {
-            Ok(v) => v,
-            Err(_) => return false,
-        };
-        value::array(&groups)
-            .iter()
-            .any(|g| entry::text(&value::fields(g), "name").as_deref() == Some(GROUP))
-    }
-
-    /// The fields of the dead letter of an entry with `fields`: every field it had, then its
-    /// `attempts` (spent; `None` keeps the entry's own field as it was, a malformed one
-    /// included), `error`, `traceback`, `failed_at` and `origin`.
-    fn dead_fields(
-        &self,
-        fields: &Fields,
-        attempts: Option<u32>,
-        error: &str,
-        traceback: &str,
-        origin: &str,
-    ) -> Fields {
-        let mut f = match attempts {
-            Some(n) => entry::with(fields, "attempts", n.to_string()),
-            None => fields.clone(),
-        };
-        f = entry::without(&f, &["error", "traceback", "failed_at", "origin"]);
-        f.push(("error".into(), error.as_bytes().to_vec()));
-        f.push(("traceback".into(), traceback.as_bytes().to_vec()));
-        f.push(("failed_at".into(), self.now().to_rfc3339().into_bytes()));
-        f.push(("origin".into(), origin.as_bytes().to_vec()));
-        f
-    }
-
-    fn note_trimmed(&self, dead: &str, n: i64) {
-        if n > 0 {
-            self.inner.trimmed.fetch_add(n as u64, Ordering::Relaxed);
-            metrics::counter!("stagedoor_jobs_dead_trimmed_total", "dead_letter" => dead.to_owned()).increment(n as u64);
-            tracing::warn!(
-                dead_stream = dead,
-                trimmed = n,
-                "the dead stream reached about {DEAD_MAXLEN} entries: its oldest were trimmed"
-            );
-        }
-    }
-
-    /// Dead-letters an entry this worker holds, in one step; returns whether it was still ours.
-    /// `attempts`: the attempts spent it reports (`None`: its own field, kept as it was).
-    async fn dead_letter_held(
-        &self,
-        keys: &Keys,
-        (id, deliveries, fields): (&str, u64, &Fields),
-        attempts: Option<u32>,
-        error: &str,
-        traceback: &str,
-    ) -> Result<bool, BrokerError> {
-        let f = self.dead_fields(fields, attempts, error, traceback, &keys.name);
-        let job = entry::text(fields, "job_id").unwrap_or_default();
-        let mut c = self.conn()?;
-        let reply: Vec<i64> = scripts::DEAD
-            .pick(self.allow_oom())
-            .key(&keys.stream)
-            .key(&keys.dead)
-            .key(&keys.ids)
-            .arg(GROUP)
-            .arg(&self.inner.consumer)
-            .arg(id)
-            .arg(deliveries)
-            .arg(&job)
-            .arg(DEAD_MAXLEN)
-            .arg(entry::flat(&f))
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        self.note_trimmed(&keys.dead, reply.get(1).copied().unwrap_or(0));
-        Ok(reply.first() == Some(&1))
-    }
-
-    /// Moves due delayed jobs to the stream under the mover's lock; returns when the next is due.
-    async fn move_due(&self, keys: &Keys) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        let mut c = self.conn()?;
-        let token = &self.inner.consumer;
-        // Through a script, which a full server runs too (a plain `SET NX` it refuses): moving
-        // due jobs goes on while the workers drain it.
-        let got: i64 = scripts::TAKE_LOCK
-            .pick(self.allow_oom())
-            .key(&keys.mover)
-            .arg(token)
-            .arg(5_000)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        if got != 1 {
-            // Another worker is moving; look again soon.
-            return Ok(Some(self.now() + chrono::Duration::milliseconds(250)));
-        }
-        let result = async {
-            loop {
-                let reply: Value = scripts::MOVE_DUE
-                    .pick(self.allow_oom())
-                    .key(&keys.delayed)
-                    .key(&keys.stream)
-                    .arg(ms(self.now()))
-                    .arg(MOVE_BATCH)
-                    .invoke_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                let parts = value::array(&reply);
-                let moved = parts.first().and_then(value::int).unwrap_or(0);
-                let next = parts
-                    .get(1)
-                    .and_then(value::string)
-                    .and_then(|s| s.parse::<f64>().ok());
-                if moved < MOVE_BATCH as i64 {
-                    return Ok(next.and_then(|n| DateTime::<Utc>::from_timestamp_millis(n as i64)));
-                }
-            }
-        }
-        .await;
-        let _: Result<i64, _> = scripts::UNLOCK
-            .key(&keys.mover)
-            .arg(token)
-            .invoke_async(&mut c)
-            .await;
-        result
-    }
-
-    /// Reclaims entries idle past the lease (at most every quarter lease per queue).
-    async fn reclaim(
-        &self,
-        keys: &Keys,
-        max: usize,
-    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        let mut c = self.conn()?;
-        let reply: redis::RedisResult<Value> = scripts::RECLAIM
-            .pick(self.allow_oom())
-            .key(&keys.stream)
-            .key(&keys.dead)
-            .key(&keys.ids)
-            .arg(GROUP)
-            .arg(&self.inner.consumer)
-            .arg(self.lease.as_millis() as u64)
-            .arg(max)
-            .arg(self.max_deliveries)
-            .arg(DEAD_MAXLEN)
-            .arg(self.now().to_rfc3339())
-            .arg(&keys.name)
-            .arg(stagedoor_jobs::broker::MAX_ATTEMPT)
-            .invoke_async(&mut c)
-            .await;
-        let reply = match reply {
-            Ok(v) => v,
-            // The stream or its group is gone (a server restarted without persistence, a
-            // FLUSHALL): make them again. Failing here instead would fail every claim from now
-            // on, since the claim never got as far as the read that re-creates the group.
-            Err(e) if e.to_string().contains("NOGROUP") => {
-                self.prepare(&keys.name).await?;
-                return Ok(Vec::new());
-            }
-            Err(e) => return Err(self.err(e)),
-        };
-        // {entries to run, dead-stream entries trimmed by the dead letters it made}
-        let (items, trimmed) = match value::array(&reply) {
-            [items, trimmed] => (value::array(items), value::int(trimmed).unwrap_or(0)),
-            _ => (&[][..], 0),
-        };
-        self.note_trimmed(&keys.dead, trimmed);
-        let mut out = Vec::new();
-        for item in items {
-            let [id, f, d] = value::array(item) else {
-                continue;
-            };
-            let (Some(id), fields, Some(d)) = (value::string(id), value::fields(f), value::int(d))
-            else {
-                continue;
-            };
-            let d = d.max(1) as u64;
-            if let Some(delivery) = self.delivery(keys, id, fields, d).await? {
-                out.push(delivery);
-            }
-        }
-        Ok(out)
-    }
-
-    /// The cap of the mount that runs `kind` on `queue` (its own kind's mount, else the one
-    /// for every kind), when that mount has a dead letter and `spent` attempts reach it. A
-    /// fresh entry (`spent` 0, the common case) never does: no lock is taken.
-    fn cap_reached(&self, queue: &str, kind: &str, spent: u32) -> Option<Cap> {
-        if spent == 0 {
-            return None;
-        }
-        let caps = self
-            .inner
-            .caps
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mounts = caps.get(queue)?;
-        mounts
-            .iter()
-            .find(|c| c.kind.as_deref() == Some(kind))
-            .or_else(|| mounts.iter().find(|c| c.kind.is_none()))
-            .filter(|c| spent >= c.max_attempts)
-            .cloned()
-    }
-
-    /// A delivery from an entry, or `None` when the entry cannot run: it is dead-lettered by
-    /// itself (the other entries of the claim run), with an error that names what is wrong.
-    /// That is an entry that is malformed (no `kind`, no `payload`, an `attempts` field that
-    /// is not a whole number of 0 or more: its fields are kept as they were), and an entry
-    /// whose `attempts` field alone reaches its mount's cap (it arrived with its attempts
-    /// already spent: no worker died running it here).
-    async fn delivery(
-        &self,
-        keys: &Keys,
-        id: String,
-        fields: Fields,
-        deliveries: u64,
-    ) -> Result<Option<Delivery<RedisReceipt>>, BrokerError> {
-        // An entry without a `job_id` (added by hand) takes its entry id as its job id: the
-        // delivery, its retry (a new entry), its dead letter and the CLI all show that one id.
-        let fields = if entry::text(&fields, "job_id").is_some_and(|j| !j.is_empty()) {
-            fields
-        } else {
-            entry::with(&fields, "job_id", id.clone())
-        };
-        let dead_stream = Keys::is_dead(&keys.name);
-        let decoded = entry::attempts(&fields).and_then(|spent| {
-            let attempt = entry::attempt_of(spent, deliveries, dead_stream);
-            entry::decode(&fields, attempt, entry::id_time(&id)).map(|e| (spent, e))
-        });
-        let (spent, envelope) = match decoded {
-            Ok(d) => d,
-            Err(why) => {
-                let error = format!(
-                    "malformed entry {id} on `{}`: {why}; it was not run (replay it once fixed)",
-                    keys.name
-                );
-                tracing::error!(queue = %keys.name, "{error}: dead-lettered");
-                self.dead_letter_held(keys, (&id, deliveries, &fields), None, &error, "")
-                    .await?;
-                return Ok(None);
-            }
-        };
-        // On a queue's stream, an entry whose field says its mount's cap is spent already
-        // never runs; the runtime would say a worker died, which is not what happened.
-        // (Not on a dead stream: a dead letter's reader sees the attempts it spent.)
-        if !dead_stream && let Some(cap) = self.cap_reached(&keys.name, envelope.kind(), spent) {
-            let raw = entry::get(&fields, "attempts").map_or_else(String::new, entry::shown);
-            let counted = if raw == spent.to_string() {
-                String::new()
-            } else {
-                format!(", counted as {spent}, the most an attempt counter holds")
-            };
-            let before = if deliveries > 1 {
-                format!(
-                    "; it had been delivered {} times before without being settled",
-                    deliveries - 1
-                )
-            } else {
-                "; this was its first delivery: it never ran here".to_owned()
-            };
-            let error = format!(
-                "entry {id} arrived on `{}` having already spent {spent} attempts by its `attempts` field (`{raw}`{counted}), and max_attempts({}) of subscriber `{}` allows no more: dead-lettered without running{before}. Replay it to run it again from attempt 1",
-                keys.name, cap.max_attempts, cap.subscriber
-            );
-            tracing::error!(queue = %keys.name, job_id = %envelope.id(), "{error}");
-            self.dead_letter_held(keys, (&id, deliveries, &fields), Some(spent), &error, "")
-                .await?;
-            return Ok(None);
-        }
-        Ok(Some(Delivery {
-            envelope,
-            receipt: RedisReceipt {
-                id,
-                deliveries,
-                fields,
-            },
-        }))
-    }
-
-    /// A dead letter from its entry, keeping what is stored and making nothing up: without a
-    /// `job_id` its job id is the entry's id (the same on every read, and `dead show` finds
-    /// it); without a `kind` its kind is empty; without `enqueued_at` or `failed_at` the time
-    /// is the entry's own (when it was added to the dead stream). An `attempts` field that is
-    /// not a number reports 0 (the field is kept as it is).
-    fn dead_letter_of(&self, dead: &str, id: String, fields: &Fields) -> DeadLetter {
-        let attempts = entry::attempts_or_zero(fields);
-        let origin = entry::text(fields, "origin")
-            .unwrap_or_else(|| dead.trim_end_matches(DEAD_SUFFIX).to_owned());
-        let added = entry::id_time(&id);
-        let envelope = entry::decode(fields, attempts, added).unwrap_or_else(|_| {
-            Envelope::new(
-                entry::text(fields, "kind").unwrap_or_default(),
-                entry::get(fields, "payload").unwrap_or_default().to_vec(),
-                entry::enqueued_at(fields).unwrap_or(added),
-            )
-            .with_attempt(attempts)
-        });
-        let job_id = entry::text(fields, "job_id")
-            .filter(|j| !j.is_empty())
-            .unwrap_or_else(|| id.clone());
-        let envelope = envelope.with_id(stagedoor_jobs::JobId::from_string(job_id));
-        DeadLetter {
-            id,
-            envelope,
-            origin,
-            error: entry::text(fields, "error").unwrap_or_default(),
-            traceback: entry::text(fields, "traceback").unwrap_or_default(),
-            attempts,
-            failed_at: entry::text(fields, "failed_at")
-                .and_then(|t| DateTime::parse_from_rfc3339(&t).ok())
-                .map_or(added, |t| t.with_timezone(&Utc)),
-        }
     }
 }
 
@@ -834,225 +285,19 @@ impl Inspect for RedisBroker {
     }
 
     async fn connect(&self) -> Result<(), BrokerError> {
-        let target = self
-            .inner
-            .target
-            .as_ref()
-            .map_err(|e| BrokerError::Connection(e.clone()))?;
-        let conn = self
-            .inner
-            .conn
-            .get_or_try_init(|| async {
-                target.connect().await.map_err(|e| match self.err(e) {
-                    BrokerError::Connection(e) => BrokerError::Connection(format!(
-                        "cannot reach Redis at `{}`: {e}: check the URL and that the server is running",
-                        self.inner.url_for_messages
-                    )),
-                    other => other,
-                })
-            })
-            .await?;
-        let mut c = conn.clone();
-        // A cluster answers with every node's INFO: the oldest node decides.
-        let info: Value = cmd("INFO")
-            .arg("server")
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        let texts: Vec<String> = match &info {
-            Value::Map(m) => m.iter().filter_map(|(_, v)| value::string(v)).collect(),
-            other => value::string(other).into_iter().collect(),
-        };
-        let versions: Vec<(u32, u32, String)> = texts
-            .iter()
-            .map(|t| {
-                let v = t
-                    .lines()
-                    .find_map(|l| l.strip_prefix("redis_version:"))
-                    .unwrap_or("0")
-                    .trim()
-                    .to_owned();
-                let p: Vec<u32> = v.split('.').filter_map(|x| x.parse().ok()).collect();
-                (
-                    p.first().copied().unwrap_or(0),
-                    p.get(1).copied().unwrap_or(0),
-                    v,
-                )
-            })
-            .collect();
-        let (major, minor, version) =
-            versions
-                .into_iter()
-                .min()
-                .unwrap_or((0, 0, "unknown".to_owned()));
-        if (major, minor) < (6, 2) {
-            return Err(BrokerError::Connection(format!(
-                "Redis {version} at `{}` is too old: stagedoor-jobs needs 6.2 or later (XAUTOCLAIM, ZRANGE BYSCORE)",
-                self.inner.url_for_messages
-            )));
-        }
-        // Script flags (`#!lua flags=allow-oom`) came with Redis 7.
-        self.inner.allow_oom.store(major >= 7, Ordering::Relaxed);
-        Ok(())
+        self.connect().await
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
-        let keys = self.keys(queue);
-        let mut c = self.conn()?;
-        if Keys::is_dead(queue) {
-            let len: i64 = cmd("XLEN")
-                .arg(&keys.stream)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            return Ok(QueueStats {
-                ready: len.max(0) as u64,
-                ..QueueStats::default()
-            });
-        }
-        let mut pipe = redis::pipe();
-        pipe.cmd("XLEN").arg(&keys.stream);
-        pipe.cmd("XPENDING").arg(&keys.stream).arg(GROUP);
-        pipe.cmd("ZCARD").arg(&keys.delayed);
-        pipe.cmd("XINFO").arg("GROUPS").arg(&keys.stream);
-        // Deliveries idle past the lease: their worker is gone, and the next claim reclaims
-        // them, so they count as ready, not pending (bounded: at most 1,000 are counted).
-        pipe.cmd("XPENDING")
-            .arg(&keys.stream)
-            .arg(GROUP)
-            .arg("IDLE")
-            .arg(self.lease.as_millis() as u64)
-            .arg("-")
-            .arg("+")
-            .arg(1000);
-        let replies: Vec<Value> = match pipe.query_async(&mut c).await {
-            Ok(r) => r,
-            // No stream yet (nothing published, no worker started): an empty queue.
-            Err(e)
-                if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") =>
-            {
-                let delayed: i64 = cmd("ZCARD")
-                    .arg(&keys.delayed)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                let len: i64 = cmd("XLEN")
-                    .arg(&keys.stream)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                return Ok(QueueStats {
-                    ready: len.max(0) as u64,
-                    delayed: delayed.max(0) as u64,
-                    ..QueueStats::default()
-                });
-            }
-            Err(e) => return Err(self.err(e)),
-        };
-        let len = replies.first().and_then(value::int).unwrap_or(0).max(0) as u64;
-        let pending = replies
-            .get(1)
-            .map(|p| value::array(p).first().and_then(value::int).unwrap_or(0))
-            .unwrap_or(0)
-            .max(0) as u64;
-        let delayed = replies.get(2).and_then(value::int).unwrap_or(0).max(0) as u64;
-        let expired = (replies.get(4).map_or(0, |v| value::array(v).len()) as u64).min(pending);
-        // The oldest entry not yet delivered to the group is the first after its last-delivered id.
-        let mut oldest = None;
-        let last_delivered = replies.get(3).and_then(|groups| {
-            value::array(groups).iter().find_map(|g| {
-                let f = value::fields(g);
-                (entry::text(&f, "name").as_deref() == Some(GROUP))
-                    .then(|| entry::text(&f, "last-delivered-id"))
-                    .flatten()
-            })
-        });
-        let ready = len.saturating_sub(pending);
-        if ready > 0 {
-            let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
-            let reply: Value = cmd("XRANGE")
-                .arg(&keys.stream)
-                .arg(start)
-                .arg("+")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let Some((id, _)) = value::entries(&reply).first() {
-                let added: i64 = id
-                    .split('-')
-                    .next()
-                    .and_then(|m| m.parse().ok())
-                    .unwrap_or(0);
-                oldest = Some(Duration::from_millis((ms(self.now()) - added).max(0) as u64));
-            }
-        }
-        Ok(QueueStats {
-            ready: ready + expired,
-            pending: pending - expired,
-            delayed,
-            oldest,
-        })
+        self.stats(queue).await
     }
 
     async fn queues(&self) -> Result<Vec<String>, BrokerError> {
-        // Every stream under this namespace: `{ns jobs}` is the queue `jobs`, `{ns jobs}:dead`
-        // its dead stream. On a Redis Cluster SCAN answers for one node: name the queue
-        // there instead of listing.
-        let mut c = self.conn()?;
-        let pattern = format!("{{{}*", self.namespace);
-        let mut names = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .arg("TYPE")
-                .arg("stream")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            for k in keys {
-                if let Some(rest) = k.strip_prefix('{')
-                    && let Some(end) = rest.find('}')
-                {
-                    let base = rest[..end]
-                        .strip_prefix(self.namespace.as_str())
-                        .unwrap_or(&rest[..end]);
-                    names.push(format!("{base}{}", &rest[end + 1..]));
-                }
-            }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
-        names.sort();
-        names.dedup();
-        Ok(names)
+        self.queues().await
     }
 
     async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-        let keys = self.keys(queue);
-        let mut c = self.conn().ok()?;
-        let reply: Value = cmd("ZRANGE")
-            .arg(&keys.delayed)
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES")
-            .query_async(&mut c)
-            .await
-            .ok()?;
-        let score = value::array(&reply)
-            .get(1)
-            .and_then(value::string)?
-            .parse::<f64>()
-            .ok()?;
-        DateTime::<Utc>::from_timestamp_millis(score as i64)
+        self.next_due(queue).await
     }
 }
 
@@ -1063,35 +308,7 @@ impl DeadLetters for RedisBroker {
         selector: &DeadSelector,
         limit: usize,
     ) -> Result<Vec<DeadLetter>, BrokerError> {
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let reply: Value = match selector {
-            DeadSelector::All => {
-                cmd("XREVRANGE")
-                    .arg(&keys.dead)
-                    .arg("+")
-                    .arg("-")
-                    .arg("COUNT")
-                    .arg(limit.min(1_000_000))
-                    .query_async(&mut c)
-                    .await
-            }
-            _ => {
-                cmd("XREVRANGE")
-                    .arg(&keys.dead)
-                    .arg("+")
-                    .arg("-")
-                    .query_async(&mut c)
-                    .await
-            }
-        }
-        .map_err(|e| self.err(e))?;
-        Ok(value::entries(&reply)
-            .into_iter()
-            .map(|(id, f)| self.dead_letter_of(dead, id, &f))
-            .filter(|d| selector.matches(d))
-            .take(limit)
-            .collect())
+        self.dead_letters(dead, selector, limit).await
     }
 
     async fn replay(
@@ -1099,88 +316,15 @@ impl DeadLetters for RedisBroker {
         dead: &str,
         selector: &DeadSelector,
     ) -> Result<ReplayReport, BrokerError> {
-        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let mut report = ReplayReport::default();
-        let mut all: Vec<(String, Fields)> = Vec::new();
-        if !letters.is_empty() {
-            let reply: Value = cmd("XRANGE")
-                .arg(&keys.dead)
-                .arg("-")
-                .arg("+")
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            all = value::entries(&reply);
-        }
-        for d in letters {
-            let Some((_, fields)) = all.iter().find(|(id, _)| *id == d.id) else {
-                report.skipped += 1;
-                continue;
-            };
-            let origin = self.keys(&d.origin);
-            let f = entry::with(
-                &entry::without(fields, &["error", "traceback", "failed_at", "origin"]),
-                "attempts",
-                "0",
-            );
-            // A dead letter without a job id is shown with its entry's id: the job keeps it.
-            let f = if entry::get(&f, "job_id").is_none_or(<[u8]>::is_empty) {
-                entry::with(&f, "job_id", d.envelope.id().as_str())
-            } else {
-                f
-            };
-            let r: redis::RedisResult<i64> = scripts::REPLAY
-                .key(&keys.dead)
-                .key(&origin.stream)
-                .key(&origin.ids)
-                .arg(&d.id)
-                .arg(d.envelope.id().as_str())
-                .arg(entry::flat(&f))
-                .invoke_async(&mut c)
-                .await;
-            match r {
-                Ok(1) => report.replayed += 1,
-                Ok(_) => report.skipped += 1,
-                Err(e) => {
-                    tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
-                    report.failed += 1;
-                }
-            }
-        }
-        Ok(report)
+        self.replay(dead, selector).await
     }
 
     async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
-        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
-        if letters.is_empty() {
-            return Ok(0);
-        }
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let mut n = 0;
-        for chunk in letters.chunks(500) {
-            let mut x = cmd("XDEL");
-            x.arg(&keys.dead);
-            for d in chunk {
-                x.arg(&d.id);
-            }
-            let deleted: i64 = x.query_async(&mut c).await.map_err(|e| self.err(e))?;
-            n += deleted as u64;
-        }
-        Ok(n)
+        self.purge(dead, selector).await
     }
 
     async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
-        let keys = self.keys(dead);
-        let mut c = self.conn()?;
-        let len: i64 = cmd("XLEN")
-            .arg(&keys.dead)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(len.max(0) as u64)
+        self.dead_len(dead).await
     }
 
     fn default_dead_letter(&self, queue: &str) -> String {
@@ -1190,49 +334,19 @@ impl DeadLetters for RedisBroker {
 
 impl Locks for RedisBroker {
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
-        let mut c = self.conn()?;
-        let got: Option<String> = cmd("SET")
-            .arg(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
-            .arg(token)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl.as_millis().max(1) as u64)
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(got.is_some())
+        self.try_lock(key, token, ttl).await
     }
 
     async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        let mut c = self.conn()?;
-        let v: Option<i64> = cmd("GET")
-            .arg(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(v.and_then(DateTime::<Utc>::from_timestamp_millis))
+        self.last_tick(schedule).await
     }
 
     async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
-        let mut c = self.conn()?;
-        let _: i64 = scripts::SET_MAX
-            .key(format!("stagedoor:sched:{{{}{schedule}}}", self.namespace))
-            .arg(ms(tick))
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.mark_tick(schedule, tick).await
     }
 
     async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
-        let mut c = self.conn()?;
-        let _: i64 = scripts::UNLOCK
-            .key(format!("stagedoor:lock:{{{}{key}}}", self.namespace))
-            .arg(token)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(())
+        self.unlock(key, token).await
     }
 }
 
@@ -1240,61 +354,11 @@ impl Broker for RedisBroker {
     type Receipt = RedisReceipt;
 
     async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
-        let mut problems = Vec::new();
-        {
-            let mut caps = self
-                .inner
-                .caps
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            for m in mounts {
-                if let (Some(max_attempts), Some(_)) = (m.max_attempts, &m.dead_letter) {
-                    let known = caps.entry(m.queue.clone()).or_default();
-                    known.retain(|c| c.kind != m.kind);
-                    known.push(Cap {
-                        subscriber: m.subscriber.clone(),
-                        kind: m.kind.clone(),
-                        max_attempts,
-                    });
-                }
-            }
-        }
-        for m in mounts {
-            if let Some(dead) = &m.dead_letter {
-                let expected = format!("{}{DEAD_SUFFIX}", m.queue);
-                if *dead != expected {
-                    problems.push(Problem {
-                        mount: format!("mount `{}` on queue `{}`", m.subscriber, m.queue),
-                        message: format!(
-                            "on Redis a dead letter is its stream's dead stream, which shares the stream's hash tag so that the move is one atomic step: write `.dead_letter(\"{expected}\")`"
-                        ),
-                    });
-                }
-            }
-        }
-        problems
+        self.check(mounts).await
     }
 
     async fn prepare(&self, queue: &str) -> Result<(), BrokerError> {
-        let keys = self.keys(queue);
-        let mut c = self.conn()?;
-        let r: redis::RedisResult<Value> = cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&keys.stream)
-            .arg(GROUP)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(&mut c)
-            .await;
-        match r {
-            Ok(_) => Ok(()),
-            Err(e) if e.to_string().contains("BUSYGROUP") => Ok(()),
-            // A full server refuses `XGROUP CREATE` even when the group exists (the command may
-            // grow its memory, so it is refused before it looks): a group that exists is all a
-            // worker needs, and it drains the full server like any other.
-            Err(e) if is_oom(&e) && self.group_exists(&keys).await => Ok(()),
-            Err(e) => Err(self.err(e)),
-        }
+        self.prepare(queue).await
     }
 
     async fn claim(
@@ -1303,110 +367,11 @@ impl Broker for RedisBroker {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        let keys = self.keys(queue);
-        let now = tokio::time::Instant::now();
-        let hk = self
-            .inner
-            .housekeeping
-            .lock()
-            .expect("lock")
-            .get(queue)
-            .copied()
-            .unwrap_or(Housekeeping {
-                reclaimed_at: None,
-                next_delayed: None,
-            });
-        let mut out = Vec::new();
-        let mut next_delayed = hk.next_delayed;
-        let mut reclaimed_at = hk.reclaimed_at;
-        // Entries whose workers went quiet past the lease, every quarter lease; but not until
-        // this broker has talked to the server for a whole lease without a connection error:
-        // after an outage (a server restarting, a network cut) every lease looks lapsed, and
-        // the workers holding those entries renew them within a third of a lease of the server
-        // answering again. Reclaiming sooner would run their jobs twice. Fresh entries are
-        // read at once all the same.
-        if reclaimed_at.is_none_or(|t| now.duration_since(t) >= self.lease / 4)
-            && self.inner.errors.quiet_for(self.lease)
-        {
-            reclaimed_at = Some(now);
-            out = self.reclaim(&keys, max).await?;
-        }
-        // Delayed jobs that are due, when the last look said one would be.
-        if next_delayed.is_none_or(|t| now >= t) {
-            let next = self.move_due(&keys).await?;
-            next_delayed = Some(match next {
-                Some(t) => {
-                    let d = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
-                    now + d.min(Duration::from_secs(1))
-                }
-                None => now + Duration::from_secs(1),
-            });
-        }
-        self.inner.housekeeping.lock().expect("lock").insert(
-            queue.to_owned(),
-            Housekeeping {
-                reclaimed_at,
-                next_delayed,
-            },
-        );
-        if out.len() >= max {
-            return Ok(out);
-        }
-        // New entries: block until one arrives, the wait ends, or a delayed job is due.
-        let mut block = if out.is_empty() { wait } else { Duration::ZERO };
-        if let Some(t) = next_delayed {
-            block = block.min(t.saturating_duration_since(tokio::time::Instant::now()));
-        }
-        let mut read = cmd("XREADGROUP");
-        read.arg("GROUP")
-            .arg(GROUP)
-            .arg(&self.inner.consumer)
-            .arg("COUNT")
-            .arg(max - out.len());
-        let mut c = if block.is_zero() {
-            read.arg("STREAMS").arg(&keys.stream).arg(">");
-            self.conn()?
-        } else {
-            read.arg("BLOCK")
-                .arg(block.as_millis().max(1) as u64)
-                .arg("STREAMS")
-                .arg(&keys.stream)
-                .arg(">");
-            self.blocking_conn(queue).await?
-        };
-        // Both reads, blocking or not, make a deleted stream again (it used to be only the
-        // blocking one: the other failed every claim until a blocking read happened).
-        let reply: Value = match read.query_async(&mut c).await {
-            Ok(v) => v,
-            Err(e) if e.to_string().contains("NOGROUP") => {
-                // The stream was deleted under us: make it again.
-                self.prepare(queue).await?;
-                Value::Nil
-            }
-            Err(e) => return Err(self.err(e)),
-        };
-        for (id, fields) in value::read_reply(&reply) {
-            if let Some(d) = self.delivery(&keys, id, fields, 1).await? {
-                out.push(d);
-            }
-        }
-        Ok(out)
+        self.claim(queue, max, wait).await
     }
 
     async fn renew(&self, queue: &str, receipt: &RedisReceipt) -> Result<bool, BrokerError> {
-        let keys = self.keys(queue);
-        let mut c = self.conn()?;
-        let r: i64 = scripts::RENEW
-            .pick(self.allow_oom())
-            .key(&keys.stream)
-            .arg(GROUP)
-            .arg(&self.inner.consumer)
-            .arg(&receipt.id)
-            .arg(receipt.deliveries)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        Ok(r == 1)
+        self.renew(queue, receipt).await
     }
 
     async fn settle(
@@ -1415,95 +380,7 @@ impl Broker for RedisBroker {
         delivery: &Delivery<RedisReceipt>,
         settlement: Settlement,
     ) -> Result<Settled, BrokerError> {
-        let keys = self.keys(queue);
-        let r = &delivery.receipt;
-        let job = delivery.envelope.id().to_string();
-        let mut c = self.conn()?;
-        let done = match settlement {
-            Settlement::Ack | Settlement::Drop => {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                let stopped =
-                    || BrokerError::Connection("the acknowledgement task stopped".to_owned());
-                let mut req = AckReq {
-                    id: r.id.clone(),
-                    deliveries: r.deliveries,
-                    job,
-                    reply,
-                };
-                // A send fails only if the task stopped since `ack_sender` looked: the second
-                // look starts it again.
-                let mut sent = false;
-                for _ in 0..2 {
-                    match self.ack_sender(&c, &keys).send(req) {
-                        Ok(()) => {
-                            sent = true;
-                            break;
-                        }
-                        Err(e) => req = e.0,
-                    }
-                }
-                if !sent {
-                    return Err(stopped());
-                }
-                answer.await.map_err(|_| stopped())??
-            }
-            Settlement::Retry { delay, .. } => {
-                // The next entry carries the attempts spent so far (its next delivery is this
-                // one's number + 1).
-                let spent =
-                    entry::attempts_after(delivery.envelope.attempt(), Keys::is_dead(queue));
-                let fields = entry::with(&r.fields, "attempts", spent.to_string());
-                let due = if delay.is_zero() {
-                    0
-                } else {
-                    ms(self.now() + stagedoor_jobs::broker::chrono_duration(delay)).max(1)
-                };
-                let n: i64 = scripts::RETRY
-                    .pick(self.allow_oom())
-                    .key(&keys.stream)
-                    .key(&keys.delayed)
-                    .arg(GROUP)
-                    .arg(&self.inner.consumer)
-                    .arg(&r.id)
-                    .arg(r.deliveries)
-                    .arg(due)
-                    .arg(entry::member(&fields))
-                    .arg(entry::flat(&fields))
-                    .invoke_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                if n == 1 && due > 0 {
-                    // The mover should look by then.
-                    let at = tokio::time::Instant::now() + delay;
-                    if let Some(h) = self.inner.housekeeping.lock().expect("lock").get_mut(queue) {
-                        h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
-                    }
-                }
-                n == 1
-            }
-            Settlement::DeadLetter { target, failure } => {
-                let target_keys = self.keys(&target);
-                if target_keys.dead != keys.dead {
-                    return Err(BrokerError::Backend(format!(
-                        "dead letter `{target}` is not the dead stream of `{queue}` (`{}`)",
-                        keys.name.clone() + DEAD_SUFFIX
-                    )));
-                }
-                self.dead_letter_held(
-                    &keys,
-                    (&r.id, r.deliveries, &r.fields),
-                    Some(delivery.envelope.attempt()),
-                    &failure.error,
-                    &failure.traceback,
-                )
-                .await?
-            }
-        };
-        Ok(if done {
-            Settled::Done
-        } else {
-            Settled::LeaseLost
-        })
+        self.settle(queue, delivery, settlement).await
     }
 
     async fn publish(
@@ -1511,89 +388,7 @@ impl Broker for RedisBroker {
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
     ) -> Result<Vec<Published>, BrokerError> {
-        let mut c = self.conn()?;
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let keys = self.keys(queue);
-        let now = self.now();
-        let chunks = publish_chunks(&jobs, now);
-        let skipped: Vec<Vec<i64>> = if let [(_, args)] = chunks.as_slice() {
-            // One call: atomic by itself, one round trip once the script is loaded.
-            vec![
-                scripts::PUBLISH
-                    .key(&keys.stream)
-                    .key(&keys.delayed)
-                    .key(&keys.ids)
-                    .arg(args)
-                    .invoke_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?,
-            ]
-        } else {
-            // Several calls in one transaction (`MULTI` ... `EXEC`), sent in one round trip:
-            // the server runs them one after the other with nothing in between, or none if
-            // the connection fails before `EXEC` arrives. A call failing while it runs (a key
-            // of the wrong type) is not undone by `EXEC`, but it fails the publish. `EVAL`
-            // with the text rather than `EVALSHA`: a script missing from the cache inside
-            // `EXEC` could not be loaded and retried. A retry of the whole batch after an
-            // error is safe: ids already in the queue are not added twice.
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            for (_, args) in &chunks {
-                pipe.cmd("EVAL")
-                    .arg(scripts::PUBLISH_BODY)
-                    .arg(3)
-                    .arg(&keys.stream)
-                    .arg(&keys.delayed)
-                    .arg(&keys.ids)
-                    .arg(args);
-            }
-            pipe.query_async(&mut c).await.map_err(|e| self.err(e))?
-        };
-        // The script reports the 1-based positions (within its call) of the jobs whose id was
-        // already in the queue or earlier in the batch; every other job was stored.
-        let mut stored = vec![true; jobs.len()];
-        if skipped.len() != chunks.len() {
-            return Err(BrokerError::Backend(format!(
-                "the publish of {} jobs to `{queue}` returned {} answers for {} script calls",
-                jobs.len(),
-                skipped.len(),
-                chunks.len()
-            )));
-        }
-        for ((first, _), positions) in chunks.iter().zip(&skipped) {
-            for p in positions {
-                let at = usize::try_from(*p - 1).ok().map(|p| first + p);
-                match at.and_then(|i| stored.get_mut(i)) {
-                    Some(s) => *s = false,
-                    None => {
-                        return Err(BrokerError::Backend(format!(
-                            "the publish script reported job {p} of a call as skipped, a position outside the call (queue `{queue}`)"
-                        )));
-                    }
-                }
-            }
-        }
-        let published: Vec<Published> = jobs
-            .iter()
-            .zip(stored)
-            .map(|((envelope, _), stored)| {
-                if !stored {
-                    stagedoor_jobs::broker::log_not_stored(queue, envelope.id());
-                }
-                Published::new(envelope.id().clone(), stored)
-            })
-            .collect();
-        if let Some(soonest) = jobs
-            .iter()
-            .filter_map(|(_, at)| *at)
-            .filter(|t| *t > now)
-            .min()
-        {
-            self.look_for_due_by(queue, soonest, now);
-        }
-        Ok(published)
+        self.publish(queue, jobs).await
     }
 
     /// One script: when the guard's key (`{<queue>}:once:<guard>`,
@@ -1607,56 +402,11 @@ impl Broker for RedisBroker {
         guard: &str,
         ttl: Duration,
     ) -> Result<Published, BrokerError> {
-        let mut c = self.conn()?;
-        let keys = self.keys(queue);
-        let now = self.now();
-        let id = job.0.id().clone();
-        let at = job.1;
-        let jobs = [job];
-        let Some((_, args)) = publish_chunks(&jobs, now).pop() else {
-            return Err(BrokerError::Backend(format!(
-                "publish_once to `{queue}`: the job made no script arguments"
-            )));
-        };
-        let n: i64 = scripts::PUBLISH_ONCE
-            .key(&keys.stream)
-            .key(&keys.delayed)
-            .key(&keys.ids)
-            .key(keys.once(guard))
-            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1))
-            .arg(args)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        match n {
-            1 => {
-                if let Some(t) = at.filter(|t| *t > now) {
-                    self.look_for_due_by(queue, t, now);
-                }
-                Ok(Published::stored(id))
-            }
-            0 => {
-                stagedoor_jobs::broker::log_not_stored(queue, &id);
-                Ok(Published::already_there(id))
-            }
-            _ => Ok(Published::already_there(id)),
-        }
+        self.publish_once(queue, job, guard, ttl).await
     }
 
     async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        let mut c = self.conn()?;
-        let (secs, micros): (i64, i64) = cmd("TIME")
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        let nanos = u32::try_from(micros.clamp(0, 999_999) * 1_000).unwrap_or(0);
-        match DateTime::<Utc>::from_timestamp(secs, nanos) {
-            Some(t) => Ok(Some(t)),
-            None => Err(BrokerError::Backend(format!(
-                "Redis at `{}` answered TIME with {secs} s {micros} µs, not a time",
-                self.inner.url_for_messages
-            ))),
-        }
+        self.server_time().await
     }
 
     fn lease(&self) -> Duration {
@@ -1667,161 +417,5 @@ impl Broker for RedisBroker {
     /// the server's `TIME`).
     fn clock(&self) -> Clock {
         self.inner.clock.clone()
-    }
-}
-
-#[cfg(test)]
-mod publish_chunks_tests {
-    use super::*;
-
-    fn job(payload: usize, at: Option<DateTime<Utc>>) -> (Envelope, Option<DateTime<Utc>>) {
-        (Envelope::new("k", vec![b'x'; payload], Utc::now()), at)
-    }
-
-    /// Walks one call's ARGV as the script does: the number of jobs in it.
-    fn jobs_in(args: &[Vec<u8>]) -> usize {
-        let (mut i, mut k) = (0, 0);
-        while i < args.len() {
-            let n: usize = std::str::from_utf8(&args[i + 2]).unwrap().parse().unwrap();
-            i += 3 + n;
-            k += 1;
-        }
-        assert_eq!(i, args.len(), "the groups end with the ARGV");
-        k
-    }
-
-    #[test]
-    fn calls_hold_at_most_a_chunk_of_jobs() {
-        let now = Utc::now();
-        let at = now + chrono::Duration::minutes(1);
-        let later = Some(at);
-        let jobs: Vec<_> = (0..1_201)
-            .map(|n| job(10, if n % 2 == 0 { later } else { None }))
-            .collect();
-        let chunks = publish_chunks(&jobs, now);
-        let firsts: Vec<usize> = chunks.iter().map(|(f, _)| *f).collect();
-        assert_eq!(firsts, [0, 500, 1_000]);
-        let sizes: Vec<usize> = chunks.iter().map(|(_, a)| jobs_in(a)).collect();
-        assert_eq!(sizes, [500, 500, 201]);
-        // A delayed job carries its member, one due now its fields.
-        let a = &chunks[0].1;
-        assert_eq!(a[0], jobs[0].0.id().as_str().as_bytes());
-        assert_eq!(a[1], ms(at).to_string().into_bytes());
-        assert_eq!(a[2], b"1");
-        assert_eq!(a[4], jobs[1].0.id().as_str().as_bytes());
-        assert_eq!(a[5], b"0");
-        assert_eq!(a[6], b"10");
-        assert_eq!(a[7], b"kind");
-        assert!(publish_chunks(&[], now).is_empty());
-    }
-
-    #[test]
-    fn calls_hold_about_a_chunk_of_bytes() {
-        let big = PUBLISH_CHUNK_BYTES / 2 + 1;
-        let jobs = vec![
-            job(big, None),
-            job(big, None),
-            job(big, None),
-            job(10, None),
-        ];
-        let chunks = publish_chunks(&jobs, Utc::now());
-        let firsts: Vec<usize> = chunks.iter().map(|(f, _)| *f).collect();
-        assert_eq!(firsts, [0, 2]);
-        let huge = vec![job(2 * PUBLISH_CHUNK_BYTES, None)];
-        assert_eq!(
-            publish_chunks(&huge, Utc::now()).len(),
-            1,
-            "one job at least"
-        );
-    }
-}
-
-#[cfg(test)]
-mod error_tests {
-    use super::*;
-
-    fn errors() -> Errors {
-        Errors {
-            url: "redis://127.0.0.1:6379/".to_owned(),
-            last_connection_error: Mutex::new(None),
-        }
-    }
-
-    /// The error the server answers with `line` (`-LOADING ...`).
-    fn server(line: &str) -> redis::RedisError {
-        match redis::parse_redis_value(format!("-{line}\r\n").as_bytes())
-            .and_then(Value::extract_error)
-        {
-            Err(e) => e,
-            Ok(v) => panic!("{line} parsed as {v:?}"),
-        }
-    }
-
-    #[test]
-    fn a_server_that_is_not_serving_yet_is_a_connection_error_and_recorded() {
-        for line in [
-            "LOADING Redis is loading the dataset in memory",
-            "TRYAGAIN Multiple keys request during rehashing of slot",
-            "CLUSTERDOWN The cluster is down",
-            "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
-        ] {
-            let errors = errors();
-            assert!(errors.quiet_for(Duration::from_secs(3)), "nothing seen yet");
-            let e = errors.of(server(line));
-            assert!(matches!(e, BrokerError::Connection(_)), "{line}: {e:?}");
-            assert!(e.is_transient());
-            assert!(
-                !errors.quiet_for(Duration::from_secs(3)),
-                "{line}: recorded as a connection error"
-            );
-        }
-        let errors = errors();
-        let refused =
-            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert!(matches!(errors.of(refused), BrokerError::Connection(_)));
-        assert!(!errors.quiet_for(Duration::from_secs(3)));
-    }
-
-    #[test]
-    fn a_full_server_is_full_and_its_message_names_the_limit_and_the_fix() {
-        let errors = errors();
-        for line in [
-            "OOM command not allowed when used memory > 'maxmemory'.",
-            "OOM command not allowed when used memory > 'maxmemory'. script: f3e1806f0d221e3a5ee5b01a76c9452670f10024, on @user_script:1.",
-        ] {
-            let e = errors.of(server(line));
-            let BrokerError::Full(text) = &e else {
-                panic!("{line}: {e:?}")
-            };
-            for word in [
-                "maxmemory",
-                "noeviction",
-                "free memory",
-                "drain",
-                "127.0.0.1:6379",
-            ] {
-                assert!(text.contains(word), "names {word}: {text}");
-            }
-            assert!(e.is_transient());
-            assert!(e.to_string().starts_with("the server is full"), "{e}");
-        }
-        assert!(
-            errors.quiet_for(Duration::from_secs(3)),
-            "a full server is no connection error"
-        );
-    }
-
-    #[test]
-    fn other_errors_are_the_backends() {
-        let errors = errors();
-        for line in [
-            "WRONGTYPE Operation against a key holding the wrong kind of value",
-            "NOGROUP No such key 'x' or consumer group 'g'",
-            "ERR unknown command",
-        ] {
-            let e = errors.of(server(line));
-            assert!(matches!(e, BrokerError::Backend(_)), "{line}: {e:?}");
-        }
-        assert!(errors.quiet_for(Duration::from_secs(3)));
     }
 }

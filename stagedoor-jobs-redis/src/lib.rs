@@ -33,10 +33,18 @@
 //! with `allow-oom`.
 
 mod broker;
+mod claim;
 mod conn;
+mod dead;
 mod entry;
+mod errors;
 mod keys;
+mod publish;
+mod schedule;
 mod scripts;
+mod settle;
+mod startup;
+mod stats;
 mod stream;
 mod value;
 

@@ -1,0 +1,335 @@
+//! Claiming: new entries read by the group (blocking up to the wait), entries idle past the
+//! lease reclaimed, delayed jobs that are due moved to the stream by the mover, and each
+//! entry made a delivery, or dead-lettered when it cannot run (malformed, or its cap spent).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redis::{Value, cmd};
+use stagedoor_jobs::broker::{BrokerError, Delivery};
+
+use crate::broker::{Cap, DEAD_MAXLEN, GROUP, Housekeeping, RedisBroker, RedisReceipt, ms};
+use crate::entry::{self, Fields};
+use crate::keys::Keys;
+use crate::scripts;
+use crate::value;
+
+/// Delayed jobs moved per script call.
+const MOVE_BATCH: usize = 100;
+
+impl RedisBroker {
+    /// [`Broker::claim`](stagedoor_jobs::broker::Broker::claim) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
+    pub(crate) async fn claim(
+        &self,
+        queue: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+        let keys = self.keys(queue);
+        let now = tokio::time::Instant::now();
+        let hk = self
+            .inner
+            .housekeeping
+            .lock()
+            .expect("lock")
+            .get(queue)
+            .copied()
+            .unwrap_or(Housekeeping {
+                reclaimed_at: None,
+                next_delayed: None,
+            });
+        let mut out = Vec::new();
+        let mut next_delayed = hk.next_delayed;
+        let mut reclaimed_at = hk.reclaimed_at;
+        // Entries whose workers went quiet past the lease, every quarter lease; but not until
+        // this broker has talked to the server for a whole lease without a connection error:
+        // after an outage (a server restarting, a network cut) every lease looks lapsed, and
+        // the workers holding those entries renew them within a third of a lease of the server
+        // answering again. Reclaiming sooner would run their jobs twice. Fresh entries are
+        // read at once all the same.
+        if reclaimed_at.is_none_or(|t| now.duration_since(t) >= self.lease / 4)
+            && self.inner.errors.quiet_for(self.lease)
+        {
+            reclaimed_at = Some(now);
+            out = self.reclaim(&keys, max).await?;
+        }
+        // Delayed jobs that are due, when the last look said one would be.
+        if next_delayed.is_none_or(|t| now >= t) {
+            let next = self.move_due(&keys).await?;
+            next_delayed = Some(match next {
+                Some(t) => {
+                    let d = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
+                    now + d.min(Duration::from_secs(1))
+                }
+                None => now + Duration::from_secs(1),
+            });
+        }
+        self.inner.housekeeping.lock().expect("lock").insert(
+            queue.to_owned(),
+            Housekeeping {
+                reclaimed_at,
+                next_delayed,
+            },
+        );
+        if out.len() >= max {
+            return Ok(out);
+        }
+        // New entries: block until one arrives, the wait ends, or a delayed job is due.
+        let mut block = if out.is_empty() { wait } else { Duration::ZERO };
+        if let Some(t) = next_delayed {
+            block = block.min(t.saturating_duration_since(tokio::time::Instant::now()));
+        }
+        let mut read = cmd("XREADGROUP");
+        read.arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.inner.consumer)
+            .arg("COUNT")
+            .arg(max - out.len());
+        let mut c = if block.is_zero() {
+            read.arg("STREAMS").arg(&keys.stream).arg(">");
+            self.conn()?
+        } else {
+            read.arg("BLOCK")
+                .arg(block.as_millis().max(1) as u64)
+                .arg("STREAMS")
+                .arg(&keys.stream)
+                .arg(">");
+            self.blocking_conn(queue).await?
+        };
+        // Both reads, blocking or not, make a deleted stream again (it used to be only the
+        // blocking one: the other failed every claim until a blocking read happened).
+        let reply: Value = match read.query_async(&mut c).await {
+            Ok(v) => v,
+            Err(e) if e.to_string().contains("NOGROUP") => {
+                // The stream was deleted under us: make it again.
+                self.prepare(queue).await?;
+                Value::Nil
+            }
+            Err(e) => return Err(self.err(e)),
+        };
+        for (id, fields) in value::read_reply(&reply) {
+            if let Some(d) = self.delivery(&keys, id, fields, 1).await? {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reclaims entries idle past the lease (at most every quarter lease per queue).
+    pub(crate) async fn reclaim(
+        &self,
+        keys: &Keys,
+        max: usize,
+    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+        let mut c = self.conn()?;
+        let reply: redis::RedisResult<Value> = scripts::RECLAIM
+            .pick(self.allow_oom())
+            .key(&keys.stream)
+            .key(&keys.dead)
+            .key(&keys.ids)
+            .arg(GROUP)
+            .arg(&self.inner.consumer)
+            .arg(self.lease.as_millis() as u64)
+            .arg(max)
+            .arg(self.max_deliveries)
+            .arg(DEAD_MAXLEN)
+            .arg(self.now().to_rfc3339())
+            .arg(&keys.name)
+            .arg(stagedoor_jobs::broker::MAX_ATTEMPT)
+            .invoke_async(&mut c)
+            .await;
+        let reply = match reply {
+            Ok(v) => v,
+            // The stream or its group is gone (a server restarted without persistence, a
+            // FLUSHALL): make them again. Failing here instead would fail every claim from now
+            // on, since the claim never got as far as the read that re-creates the group.
+            Err(e) if e.to_string().contains("NOGROUP") => {
+                self.prepare(&keys.name).await?;
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(self.err(e)),
+        };
+        // {entries to run, dead-stream entries trimmed by the dead letters it made}
+        let (items, trimmed) = match value::array(&reply) {
+            [items, trimmed] => (value::array(items), value::int(trimmed).unwrap_or(0)),
+            _ => (&[][..], 0),
+        };
+        self.note_trimmed(&keys.dead, trimmed);
+        let mut out = Vec::new();
+        for item in items {
+            let [id, f, d] = value::array(item) else {
+                continue;
+            };
+            let (Some(id), fields, Some(d)) = (value::string(id), value::fields(f), value::int(d))
+            else {
+                continue;
+            };
+            let d = d.max(1) as u64;
+            if let Some(delivery) = self.delivery(keys, id, fields, d).await? {
+                out.push(delivery);
+            }
+        }
+        Ok(out)
+    }
+
+    /// A delivery from an entry, or `None` when the entry cannot run: it is dead-lettered by
+    /// itself (the other entries of the claim run), with an error that names what is wrong.
+    /// That is an entry that is malformed (no `kind`, no `payload`, an `attempts` field that
+    /// is not a whole number of 0 or more: its fields are kept as they were), and an entry
+    /// whose `attempts` field alone reaches its mount's cap (it arrived with its attempts
+    /// already spent: no worker died running it here).
+    pub(crate) async fn delivery(
+        &self,
+        keys: &Keys,
+        id: String,
+        fields: Fields,
+        deliveries: u64,
+    ) -> Result<Option<Delivery<RedisReceipt>>, BrokerError> {
+        // An entry without a `job_id` (added by hand) takes its entry id as its job id: the
+        // delivery, its retry (a new entry), its dead letter and the CLI all show that one id.
+        let fields = if entry::text(&fields, "job_id").is_some_and(|j| !j.is_empty()) {
+            fields
+        } else {
+            entry::with(&fields, "job_id", id.clone())
+        };
+        let dead_stream = Keys::is_dead(&keys.name);
+        let decoded = entry::attempts(&fields).and_then(|spent| {
+            let attempt = entry::attempt_of(spent, deliveries, dead_stream);
+            entry::decode(&fields, attempt, entry::id_time(&id)).map(|e| (spent, e))
+        });
+        let (spent, envelope) = match decoded {
+            Ok(d) => d,
+            Err(why) => {
+                let error = format!(
+                    "malformed entry {id} on `{}`: {why}; it was not run (replay it once fixed)",
+                    keys.name
+                );
+                tracing::error!(queue = %keys.name, "{error}: dead-lettered");
+                self.dead_letter_held(keys, (&id, deliveries, &fields), None, &error, "")
+                    .await?;
+                return Ok(None);
+            }
+        };
+        // On a queue's stream, an entry whose field says its mount's cap is spent already
+        // never runs; the runtime would say a worker died, which is not what happened.
+        // (Not on a dead stream: a dead letter's reader sees the attempts it spent.)
+        if !dead_stream && let Some(cap) = self.cap_reached(&keys.name, envelope.kind(), spent) {
+            let raw = entry::get(&fields, "attempts").map_or_else(String::new, entry::shown);
+            let counted = if raw == spent.to_string() {
+                String::new()
+            } else {
+                format!(", counted as {spent}, the most an attempt counter holds")
+            };
+            let before = if deliveries > 1 {
+                format!(
+                    "; it had been delivered {} times before without being settled",
+                    deliveries - 1
+                )
+            } else {
+                "; this was its first delivery: it never ran here".to_owned()
+            };
+            let error = format!(
+                "entry {id} arrived on `{}` having already spent {spent} attempts by its `attempts` field (`{raw}`{counted}), and max_attempts({}) of subscriber `{}` allows no more: dead-lettered without running{before}. Replay it to run it again from attempt 1",
+                keys.name, cap.max_attempts, cap.subscriber
+            );
+            tracing::error!(queue = %keys.name, job_id = %envelope.id(), "{error}");
+            self.dead_letter_held(keys, (&id, deliveries, &fields), Some(spent), &error, "")
+                .await?;
+            return Ok(None);
+        }
+        Ok(Some(Delivery {
+            envelope,
+            receipt: RedisReceipt {
+                id,
+                deliveries,
+                fields,
+            },
+        }))
+    }
+
+    /// The cap of the mount that runs `kind` on `queue` (its own kind's mount, else the one
+    /// for every kind), when that mount has a dead letter and `spent` attempts reach it. A
+    /// fresh entry (`spent` 0, the common case) never does: no lock is taken.
+    pub(crate) fn cap_reached(&self, queue: &str, kind: &str, spent: u32) -> Option<Cap> {
+        if spent == 0 {
+            return None;
+        }
+        let caps = self
+            .inner
+            .caps
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mounts = caps.get(queue)?;
+        mounts
+            .iter()
+            .find(|c| c.kind.as_deref() == Some(kind))
+            .or_else(|| mounts.iter().find(|c| c.kind.is_none()))
+            .filter(|c| spent >= c.max_attempts)
+            .cloned()
+    }
+
+    /// Moves due delayed jobs to the stream under the mover's lock; returns when the next is due.
+    pub(crate) async fn move_due(&self, keys: &Keys) -> Result<Option<DateTime<Utc>>, BrokerError> {
+        let mut c = self.conn()?;
+        let token = &self.inner.consumer;
+        // Through a script, which a full server runs too (a plain `SET NX` it refuses): moving
+        // due jobs goes on while the workers drain it.
+        let got: i64 = scripts::TAKE_LOCK
+            .pick(self.allow_oom())
+            .key(&keys.mover)
+            .arg(token)
+            .arg(5_000)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        if got != 1 {
+            // Another worker is moving; look again soon.
+            return Ok(Some(self.now() + chrono::Duration::milliseconds(250)));
+        }
+        let result = async {
+            loop {
+                let reply: Value = scripts::MOVE_DUE
+                    .pick(self.allow_oom())
+                    .key(&keys.delayed)
+                    .key(&keys.stream)
+                    .arg(ms(self.now()))
+                    .arg(MOVE_BATCH)
+                    .invoke_async(&mut c)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                let parts = value::array(&reply);
+                let moved = parts.first().and_then(value::int).unwrap_or(0);
+                let next = parts
+                    .get(1)
+                    .and_then(value::string)
+                    .and_then(|s| s.parse::<f64>().ok());
+                if moved < MOVE_BATCH as i64 {
+                    return Ok(next.and_then(|n| DateTime::<Utc>::from_timestamp_millis(n as i64)));
+                }
+            }
+        }
+        .await;
+        let _: Result<i64, _> = scripts::UNLOCK
+            .key(&keys.mover)
+            .arg(token)
+            .invoke_async(&mut c)
+            .await;
+        result
+    }
+
+    /// Makes the delayed mover of `queue` look by `due` (read at `now` on the broker's clock):
+    /// a delayed job just published may be due before its next look.
+    pub(crate) fn look_for_due_by(&self, queue: &str, due: DateTime<Utc>, now: DateTime<Utc>) {
+        if let Some(h) = self
+            .inner
+            .housekeeping
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_mut(queue)
+        {
+            let at = tokio::time::Instant::now() + (due - now).to_std().unwrap_or_default();
+            h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
+        }
+    }
+}

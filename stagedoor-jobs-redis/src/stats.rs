@@ -1,0 +1,212 @@
+//! Inspection: a queue's counts ([`Broker::stats`](stagedoor_jobs::broker::Broker::stats)),
+//! the queues there are, a dead stream's length, when the next delayed job is due, and the
+//! server's time.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redis::{Value, cmd};
+use stagedoor_jobs::broker::{BrokerError, QueueStats};
+
+use crate::broker::{GROUP, RedisBroker, ms};
+use crate::entry;
+use crate::keys::Keys;
+use crate::value;
+
+impl RedisBroker {
+    /// [`Broker::server_time`](stagedoor_jobs::broker::Broker::server_time) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
+    pub(crate) async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
+        let mut c = self.conn()?;
+        let (secs, micros): (i64, i64) = cmd("TIME")
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        let nanos = u32::try_from(micros.clamp(0, 999_999) * 1_000).unwrap_or(0);
+        match DateTime::<Utc>::from_timestamp(secs, nanos) {
+            Some(t) => Ok(Some(t)),
+            None => Err(BrokerError::Backend(format!(
+                "Redis at `{}` answered TIME with {secs} s {micros} µs, not a time",
+                self.inner.url_for_messages
+            ))),
+        }
+    }
+
+    /// [`Broker::stats`](stagedoor_jobs::broker::Broker::stats) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
+    pub(crate) async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
+        let keys = self.keys(queue);
+        let mut c = self.conn()?;
+        if Keys::is_dead(queue) {
+            let len: i64 = cmd("XLEN")
+                .arg(&keys.stream)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            return Ok(QueueStats {
+                ready: len.max(0) as u64,
+                ..QueueStats::default()
+            });
+        }
+        let mut pipe = redis::pipe();
+        pipe.cmd("XLEN").arg(&keys.stream);
+        pipe.cmd("XPENDING").arg(&keys.stream).arg(GROUP);
+        pipe.cmd("ZCARD").arg(&keys.delayed);
+        pipe.cmd("XINFO").arg("GROUPS").arg(&keys.stream);
+        // Deliveries idle past the lease: their worker is gone, and the next claim reclaims
+        // them, so they count as ready, not pending (bounded: at most 1,000 are counted).
+        pipe.cmd("XPENDING")
+            .arg(&keys.stream)
+            .arg(GROUP)
+            .arg("IDLE")
+            .arg(self.lease.as_millis() as u64)
+            .arg("-")
+            .arg("+")
+            .arg(1000);
+        let replies: Vec<Value> = match pipe.query_async(&mut c).await {
+            Ok(r) => r,
+            // No stream yet (nothing published, no worker started): an empty queue.
+            Err(e)
+                if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") =>
+            {
+                let delayed: i64 = cmd("ZCARD")
+                    .arg(&keys.delayed)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                let len: i64 = cmd("XLEN")
+                    .arg(&keys.stream)
+                    .query_async(&mut c)
+                    .await
+                    .map_err(|e| self.err(e))?;
+                return Ok(QueueStats {
+                    ready: len.max(0) as u64,
+                    delayed: delayed.max(0) as u64,
+                    ..QueueStats::default()
+                });
+            }
+            Err(e) => return Err(self.err(e)),
+        };
+        let len = replies.first().and_then(value::int).unwrap_or(0).max(0) as u64;
+        let pending = replies
+            .get(1)
+            .map(|p| value::array(p).first().and_then(value::int).unwrap_or(0))
+            .unwrap_or(0)
+            .max(0) as u64;
+        let delayed = replies.get(2).and_then(value::int).unwrap_or(0).max(0) as u64;
+        let expired = (replies.get(4).map_or(0, |v| value::array(v).len()) as u64).min(pending);
+        // The oldest entry not yet delivered to the group is the first after its last-delivered id.
+        let mut oldest = None;
+        let last_delivered = replies.get(3).and_then(|groups| {
+            value::array(groups).iter().find_map(|g| {
+                let f = value::fields(g);
+                (entry::text(&f, "name").as_deref() == Some(GROUP))
+                    .then(|| entry::text(&f, "last-delivered-id"))
+                    .flatten()
+            })
+        });
+        let ready = len.saturating_sub(pending);
+        if ready > 0 {
+            let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
+            let reply: Value = cmd("XRANGE")
+                .arg(&keys.stream)
+                .arg(start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let Some((id, _)) = value::entries(&reply).first() {
+                let added: i64 = id
+                    .split('-')
+                    .next()
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(0);
+                oldest = Some(Duration::from_millis((ms(self.now()) - added).max(0) as u64));
+            }
+        }
+        Ok(QueueStats {
+            ready: ready + expired,
+            pending: pending - expired,
+            delayed,
+            oldest,
+        })
+    }
+
+    /// [`Broker::queues`](stagedoor_jobs::broker::Broker::queues) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
+    pub(crate) async fn queues(&self) -> Result<Vec<String>, BrokerError> {
+        // Every stream under this namespace: `{ns jobs}` is the queue `jobs`, `{ns jobs}:dead`
+        // its dead stream. On a Redis Cluster SCAN answers for one node: name the queue
+        // there instead of listing.
+        let mut c = self.conn()?;
+        let pattern = format!("{{{}*", self.namespace);
+        let mut names = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .arg("TYPE")
+                .arg("stream")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            for k in keys {
+                if let Some(rest) = k.strip_prefix('{')
+                    && let Some(end) = rest.find('}')
+                {
+                    let base = rest[..end]
+                        .strip_prefix(self.namespace.as_str())
+                        .unwrap_or(&rest[..end]);
+                    names.push(format!("{base}{}", &rest[end + 1..]));
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// [`Broker::dead_len`](stagedoor_jobs::broker::Broker::dead_len) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
+    pub(crate) async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let len: i64 = cmd("XLEN")
+            .arg(&keys.dead)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(len.max(0) as u64)
+    }
+
+    /// [`Broker::next_due`](stagedoor_jobs::broker::Broker::next_due) on Redis (the trait's impl
+    /// in `broker.rs` calls this).
+    pub(crate) async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+        let keys = self.keys(queue);
+        let mut c = self.conn().ok()?;
+        let reply: Value = cmd("ZRANGE")
+            .arg(&keys.delayed)
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut c)
+            .await
+            .ok()?;
+        let score = value::array(&reply)
+            .get(1)
+            .and_then(value::string)?
+            .parse::<f64>()
+            .ok()?;
+        DateTime::<Utc>::from_timestamp_millis(score as i64)
+    }
+}
