@@ -115,7 +115,7 @@ impl<DB: Database> SqlxBroker<DB> {
     /// [`SqlxRoute::publish`] uses when a job names none of its own.
     pub fn route<Row: Inbox>(&self, group: impl Into<String>) -> SqlxRoute<DB, Row>
     where
-        DB: crate::route::Dialect,
+        DB: crate::dialect::Dialect,
     {
         SqlxRoute::new(self.clone(), group.into())
     }
@@ -128,7 +128,7 @@ impl<DB: Database> SqlxBroker<DB> {
         group: impl Into<String>,
     ) -> SqlxRoute<DB, crate::AnyTable>
     where
-        DB: crate::route::Dialect,
+        DB: crate::dialect::Dialect,
     {
         SqlxRoute::with_table(self.clone(), group.into(), table)
     }
