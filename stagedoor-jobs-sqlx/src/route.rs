@@ -85,6 +85,26 @@ impl<DB: Database, Row> fmt::Debug for SqlxRoute<DB, Row> {
     }
 }
 
+/// Routes are made from their broker.
+impl<DB: Dialect> SqlxBroker<DB> {
+    /// A route for the job table of `Row`: mount subscribers on it with
+    /// `Service::with_broker(broker.route::<Row>("emails"), |b| ..)`. `group` is the queue that
+    /// [`SqlxRoute::publish`] uses when a job names none of its own.
+    pub fn route<Row: Inbox>(&self, group: impl Into<String>) -> SqlxRoute<DB, Row> {
+        SqlxRoute::new(self.clone(), group.into())
+    }
+
+    /// A route for a table described at run time (an operator's tool reading any job table);
+    /// services use [`route`](Self::route) with their row type.
+    pub fn route_with_table(
+        &self,
+        table: stagedoor_jobs::inbox::Table,
+        group: impl Into<String>,
+    ) -> SqlxRoute<DB, crate::AnyTable> {
+        SqlxRoute::with_table(self.clone(), group.into(), table)
+    }
+}
+
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     pub(crate) fn new(broker: SqlxBroker<DB>, group: String) -> Self {
         Self::with_table(broker, group, Row::TABLE)
@@ -846,7 +866,7 @@ macro_rules! impl_broker {
             }
             async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
                 let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
+                ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
                 let now = self.broker.now();
                 let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
                 let n = sqlx::query("INSERT INTO stagedoor_locks (lock_key, token, until_at) VALUES ($1, $2, $3) ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token, until_at = excluded.until_at WHERE stagedoor_locks.until_at <= $4")
@@ -869,7 +889,7 @@ macro_rules! impl_broker {
 
             async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
                 let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
+                ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
                 let t: Option<DateTime<Utc>> = sqlx::query_scalar("SELECT last_tick FROM stagedoor_schedules WHERE schedule = $1")
                     .bind(schedule)
                     .fetch_optional(pool)
@@ -880,7 +900,7 @@ macro_rules! impl_broker {
 
             async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
                 let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
+                ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
                 sqlx::query("INSERT INTO stagedoor_schedules (schedule, last_tick) VALUES ($1, $2) ON CONFLICT (schedule) DO UPDATE SET last_tick = excluded.last_tick WHERE stagedoor_schedules.last_tick < excluded.last_tick")
                     .bind(schedule)
                     .bind(tick)
@@ -1363,7 +1383,7 @@ macro_rules! impl_broker {
                 let (envelope, at) = job;
                 let v = self.encode_job(queue, &envelope, at)?;
                 let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
+                ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
                 let mut conn = acquire(pool).await?;
                 let now = self.broker.now();
                 let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
