@@ -6,10 +6,8 @@ use std::time::Duration;
 
 use sqlx::pool::PoolOptions;
 use sqlx::{Database, Pool};
-use stagedoor_jobs::{BrokerError, Clock, Inbox};
+use stagedoor_jobs::{BrokerError, Clock};
 use tokio::sync::{Notify, OnceCell};
-
-use crate::route::SqlxRoute;
 
 pub(crate) enum Source<DB: Database> {
     Url(String, PoolOptions<DB>),
@@ -108,29 +106,6 @@ impl<DB: Database> SqlxBroker<DB> {
     pub fn poll_interval(mut self, poll: Duration) -> Self {
         self.poll = poll;
         self
-    }
-
-    /// A route for the job table of `Row`: mount subscribers on it with
-    /// `Service::with_broker(broker.route::<Row>("emails"), |b| ..)`. `group` is the queue that
-    /// [`SqlxRoute::publish`] uses when a job names none of its own.
-    pub fn route<Row: Inbox>(&self, group: impl Into<String>) -> SqlxRoute<DB, Row>
-    where
-        DB: crate::route::Dialect,
-    {
-        SqlxRoute::new(self.clone(), group.into())
-    }
-
-    /// A route for a table described at run time (an operator's tool reading any job table);
-    /// services use [`route`](Self::route) with their row type.
-    pub fn route_with_table(
-        &self,
-        table: stagedoor_jobs::inbox::Table,
-        group: impl Into<String>,
-    ) -> SqlxRoute<DB, crate::AnyTable>
-    where
-        DB: crate::route::Dialect,
-    {
-        SqlxRoute::with_table(self.clone(), group.into(), table)
     }
 
     /// The pool, once the service has started.

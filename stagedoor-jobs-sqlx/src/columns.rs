@@ -59,7 +59,7 @@ pub(crate) struct Layout {
 }
 
 /// The databases whose tables can be read.
-pub(crate) trait Introspect: sqlx::Database + crate::route::Dialect {
+pub(crate) trait Introspect: sqlx::Database + crate::dialect::Dialect {
     /// The layout of `table` (no columns when there is no such table).
     fn layout(
         pool: &sqlx::Pool<Self>,
@@ -187,7 +187,7 @@ async fn checked<DB: Introspect>(
 ) -> Vec<String> {
     match DB::layout(pool, table).await {
         Ok(layout) => compare(
-            <DB as crate::route::sealed::Sealed>::FLAVOR,
+            <DB as crate::dialect::sealed::Sealed>::FLAVOR,
             table,
             &layout,
             copied,

@@ -13,7 +13,7 @@
 //! running job, or one whose worker died), locked by another worker's claim, or committed late
 //! by a long transaction; a full claim, at least every [`FULL_EVERY`] (longer when full claims
 //! are slow, so that they never take more than about a twentieth of the time), takes them. Rows
-//! published or retried now are due a second before now ([`crate::route`]'s backdate), above
+//! published or retried now are due a second before now (the route's `BACKDATE`), above
 //! the floor, which stays [`SLACK`] below the rows it came from.
 
 use std::collections::HashMap;

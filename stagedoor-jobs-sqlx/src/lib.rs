@@ -40,17 +40,25 @@
 //! let broker = SqlxBroker::from_url("sqlite://mail.db?mode=rwc", SqlitePoolOptions::new());
 //! ```
 
+mod acks;
 mod broker;
 mod columns;
+mod dialect;
 mod floor;
 mod headers;
+mod locks;
+mod publish;
 mod queue;
+mod receipt;
 mod route;
+mod rows;
 mod sql;
 
 pub use broker::SqlxBroker;
+pub use dialect::Dialect;
 pub use queue::InboxQueue;
-pub use route::{Dialect, SqlReceipt, SqlxRoute};
+pub use receipt::SqlReceipt;
+pub use route::SqlxRoute;
 
 /// The row type of a route whose table is described at run time
 /// ([`SqlxBroker::route_with_table`]); its own `TABLE` is never read.

@@ -1,7 +1,8 @@
 //! `SqlxRoute<DB, Row>`: one job table of a database, and the [`Broker`] implementation.
 //!
 //! The implementation is written once and stamped for SQLite and Postgres by a macro, so each
-//! runs against its driver's concrete types.
+//! runs against its driver's concrete types. What each database does its own way (opening it,
+//! waking workers) is in `route/sqlite.rs` and `route/postgres.rs`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -12,251 +13,28 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{AssertSqlSafe, Database, Row as _};
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MAX_ATTEMPT, MountInfo, Problem,
-    Published, QueueStats, ReplayReport, Settled, Settlement,
+    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, Published,
+    QueueStats, ReplayReport, Settled, Settlement,
 };
 use stagedoor_jobs::inbox::{ColumnType, Table, is_plain_identifier};
 use stagedoor_jobs::{Clock, Envelope, Failure, FailureCause, Inbox, Job, JobId};
 
-use crate::broker::{Source, SqlxBroker};
+use crate::acks::{ACK_BATCH, AckReq, bucket};
+use crate::broker::SqlxBroker;
+use crate::dialect::{Dialect, acquire, db_err, sealed};
 use crate::floor::{Floors, Plan};
 use crate::headers::HeaderDoc;
-use crate::sql::{CHANNEL, Flavor, P, Statements, Stmt, validate};
+use crate::locks::ensure_bookkeeping;
+use crate::publish::{chunks, keyed_by_row, reports};
+use crate::receipt::{IdValue, SqlReceipt};
+use crate::rows::{
+    Role, RowRead, Vals, attempt_number, pg_time, shorten, shorten_bytes, unreadable,
+};
+use crate::sql::{Flavor, P, Statements, Stmt, validate};
 use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
 
-#[allow(unreachable_pub)]
-pub(crate) mod sealed {
-    use crate::sql::Flavor;
-    pub trait Sealed {
-        const FLAVOR: Flavor;
-    }
-    impl Sealed for sqlx::Sqlite {
-        const FLAVOR: Flavor = Flavor::Sqlite;
-    }
-    impl Sealed for sqlx::Postgres {
-        const FLAVOR: Flavor = Flavor::Postgres;
-    }
-}
-
-/// The databases this backend speaks: `sqlx::Sqlite` and `sqlx::Postgres`.
-pub trait Dialect: Database + sealed::Sealed {}
-impl Dialect for sqlx::Sqlite {}
-impl Dialect for sqlx::Postgres {}
-
-/// A claimed row: its id and the lease it holds (the fence every settlement checks).
-///
-/// A renewal moves the row's lease. One whose reply is lost (the connection broke after the
-/// statement was sent) may have committed, so the receipt keeps the value it tried to set
-/// beside the one last confirmed, and the fence accepts any of them: a lost reply never makes
-/// the worker's own row look taken by another.
-#[derive(Debug)]
-pub struct SqlReceipt {
-    id: IdValue,
-    lease: Mutex<Fence>,
-    /// A settlement of this delivery failed: it may have taken effect (its reply lost).
-    settle_failed: std::sync::atomic::AtomicBool,
-}
-
-/// The lease values a delivery may find on its row.
-#[derive(Clone, Debug)]
-struct Fence {
-    /// The last one a statement confirmed setting.
-    held: DateTime<Utc>,
-    /// Set by statements whose reply never came (newest last, at most `FENCES - 1`).
-    unsure: Vec<DateTime<Utc>>,
-}
-
-impl SqlReceipt {
-    fn new(id: IdValue, lease: DateTime<Utc>) -> Self {
-        Self {
-            id,
-            lease: Mutex::new(Fence {
-                held: lease,
-                unsure: Vec::new(),
-            }),
-            settle_failed: std::sync::atomic::AtomicBool::new(false),
-        }
-    }
-
-    fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
-        self.lease
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The lease values the fence accepts, padded with the confirmed one.
-    fn leases(&self) -> [DateTime<Utc>; crate::sql::FENCES] {
-        let f = self.fence();
-        let mut out = [f.held; crate::sql::FENCES];
-        for (slot, t) in out.iter_mut().skip(1).zip(f.unsure.iter().rev()) {
-            *slot = *t;
-        }
-        out
-    }
-
-    /// A statement set `lease` for sure: the only value from now on.
-    fn confirmed(&self, lease: DateTime<Utc>) {
-        let mut f = self.fence();
-        f.held = lease;
-        f.unsure.clear();
-    }
-
-    /// A statement that would set `lease` failed after it was sent: it may have committed.
-    fn maybe(&self, lease: DateTime<Utc>) {
-        let mut f = self.fence();
-        if f.unsure.len() + 1 >= crate::sql::FENCES {
-            f.unsure.remove(0);
-        }
-        f.unsure.push(lease);
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum IdValue {
-    Int(i64),
-    Text(String),
-}
-
-impl IdValue {
-    fn parse(table: &Table, text: &str) -> Result<Self, BrokerError> {
-        match table.id.ty {
-            ColumnType::Integer => {
-                text.parse()
-                    .map(IdValue::Int)
-                    .map_err(|_| BrokerError::Malformed {
-                        id: text.to_owned(),
-                        reason: "an integer id column held a non-integer".to_owned(),
-                    })
-            }
-            _ => Ok(IdValue::Text(text.to_owned())),
-        }
-    }
-}
-
-/// The values one statement may bind.
-#[derive(Default)]
-pub(crate) struct Vals {
-    id: Option<IdValue>,
-    /// The fence: [`P::Lease`], [`P::Fence1`], ...
-    leases: Option<[DateTime<Utc>; crate::sql::FENCES]>,
-    /// The claim's reclaim cutoff ([`P::Reclaim`]); `now` when unset.
-    reclaim: Option<DateTime<Utc>>,
-    new_lease: Option<DateTime<Utc>>,
-    group: Option<String>,
-    target: Option<String>,
-    now: Option<DateTime<Utc>>,
-    due: Option<DateTime<Utc>>,
-    limit: i64,
-    error: Option<String>,
-    headers: Option<String>,
-    payload: Vec<u8>,
-    enqueued_at: Option<DateTime<Utc>>,
-    job_id: Option<String>,
-    floor: Option<DateTime<Utc>>,
-    /// The attempts a dead letter has spent.
-    attempt: i64,
-}
-
-/// One row as read back: id, attempt, payload, lease, due, last error, headers, enqueued at.
-///
-/// Read column by column: a value that does not decode (a text that is not a timestamp, a NULL
-/// payload, an infinite Postgres timestamp) leaves its field empty and is described in
-/// `problem`, so that one bad row never fails the statement that read it with others.
-pub(crate) struct RowRead {
-    id: String,
-    /// The stored count (a claim returns the delivery's number); `None` for NULL.
-    attempt: Option<i64>,
-    payload: Vec<u8>,
-    lease: Option<DateTime<Utc>>,
-    due: Option<DateTime<Utc>>,
-    last_error: Option<String>,
-    headers: Option<String>,
-    enqueued_at: Option<DateTime<Utc>>,
-    /// What could not be read: each column, the value found and the fix.
-    problem: Option<String>,
-}
-
-/// An attempt count as the `1..=MAX_ATTEMPT` (or `0..=`, `floor` 0) number it stands for:
-/// saturating, never wrapping; a count below the floor is the floor.
-fn attempt_number(stored: Option<i64>, floor: u32) -> u32 {
-    let n = stored
-        .unwrap_or(i64::from(floor))
-        .clamp(i64::from(floor), i64::from(MAX_ATTEMPT));
-    u32::try_from(n).unwrap_or(MAX_ATTEMPT)
-}
-
-/// At most `MAX_SHOWN` characters of `text`, marked when cut.
-fn shorten(text: &str) -> String {
-    const MAX_SHOWN: usize = 60;
-    let mut chars = text.chars();
-    let head: String = chars.by_ref().take(MAX_SHOWN).collect();
-    if chars.next().is_some() {
-        format!("{head}… ({} characters)", text.chars().count())
-    } else {
-        head
-    }
-}
-
-/// The first bytes of `bytes` in hex, marked when cut.
-fn shorten_bytes(bytes: &[u8]) -> String {
-    const MAX_SHOWN: usize = 24;
-    let hex: String = bytes
-        .iter()
-        .take(MAX_SHOWN)
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    if bytes.len() > MAX_SHOWN {
-        format!("0x{hex}… ({} bytes)", bytes.len())
-    } else {
-        format!("0x{hex}")
-    }
-}
-
-/// A Postgres `timestamptz` as stored (microseconds since 2000-01-01 UTC), if chrono can hold
-/// it: `infinity`, `-infinity` and the years beyond chrono's range cannot.
-fn pg_time(micros: i64) -> Option<DateTime<Utc>> {
-    const PG_EPOCH: i64 = 946_684_800;
-    let secs = PG_EPOCH.checked_add(micros.div_euclid(1_000_000))?;
-    let nanos = u32::try_from(micros.rem_euclid(1_000_000))
-        .ok()?
-        .checked_mul(1_000)?;
-    DateTime::from_timestamp(secs, nanos)
-}
-
-/// What column `column` of `table` holds that cannot be read, and the fix.
-fn unreadable(table: &Table, column: &str, value: &str, role: Role) -> String {
-    let (expected, fix) = match role {
-        Role::Time { nullable } => (
-            "a timestamp",
-            format!(
-                "write a finite timestamp{} (on SQLite as RFC 3339 text such as `2026-01-01T00:00:00+00:00`)",
-                if nullable { " or NULL" } else { "" }
-            ),
-        ),
-        Role::Payload => (
-            "a payload",
-            "store the job's payload as the column's type (bytes, or text for a text column), never NULL".to_owned(),
-        ),
-        Role::Text => (
-            "a text",
-            "set it to NULL or to the text stagedoor-jobs wrote".to_owned(),
-        ),
-        Role::Id => ("an id", "give the row an id".to_owned()),
-    };
-    format!(
-        "column `{column}` of table `{}` holds {value}, which is not {expected}: {fix}",
-        table.name
-    )
-}
-
-/// What a column of a read holds, for [`unreadable`].
-#[derive(Clone, Copy)]
-enum Role {
-    Time { nullable: bool },
-    Payload,
-    Text,
-    Id,
-}
+mod postgres;
+mod sqlite;
 
 /// A queue whose last claim found nothing: until when there is no need to look again, unless
 /// something wakes this process.
@@ -264,44 +42,6 @@ enum Role {
 struct Idle {
     until: tokio::time::Instant,
     wakes: u64,
-}
-
-/// A settled delivery's row to delete, waiting for the route's next batched delete.
-pub(crate) struct AckReq {
-    id: IdValue,
-    leases: [DateTime<Utc>; crate::sql::FENCES],
-    reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
-}
-
-/// Most acknowledgements one delete carries.
-const ACK_BATCH: usize = 256;
-
-/// The batch sizes statements are built for: powers of two, so that a connection's statement
-/// cache holds them all.
-fn bucket(n: usize) -> usize {
-    n.next_power_of_two().min(ACK_BATCH)
-}
-
-/// `n` rows as chunks whose sizes are powers of two of at most `MAX_ROWS` (few distinct
-/// statements, each prepared once per connection).
-fn chunks(n: usize) -> Vec<usize> {
-    let mut out = Vec::new();
-    let mut left = n;
-    while left > 0 {
-        let c = (1usize << left.ilog2()).min(crate::sql::MAX_ROWS);
-        out.push(c);
-        left -= c;
-    }
-    out
-}
-
-impl IdValue {
-    fn text(&self) -> String {
-        match self {
-            IdValue::Int(i) => i.to_string(),
-            IdValue::Text(s) => s.clone(),
-        }
-    }
 }
 
 struct RouteInner {
@@ -343,6 +83,26 @@ impl<DB: Database, Row> fmt::Debug for SqlxRoute<DB, Row> {
             .field("group", &self.default_group)
             .field("broker", &self.broker)
             .finish()
+    }
+}
+
+/// Routes are made from their broker.
+impl<DB: Dialect> SqlxBroker<DB> {
+    /// A route for the job table of `Row`: mount subscribers on it with
+    /// `Service::with_broker(broker.route::<Row>("emails"), |b| ..)`. `group` is the queue that
+    /// [`SqlxRoute::publish`] uses when a job names none of its own.
+    pub fn route<Row: Inbox>(&self, group: impl Into<String>) -> SqlxRoute<DB, Row> {
+        SqlxRoute::new(self.clone(), group.into())
+    }
+
+    /// A route for a table described at run time (an operator's tool reading any job table);
+    /// services use [`route`](Self::route) with their row type.
+    pub fn route_with_table(
+        &self,
+        table: stagedoor_jobs::inbox::Table,
+        group: impl Into<String>,
+    ) -> SqlxRoute<DB, crate::AnyTable> {
+        SqlxRoute::with_table(self.clone(), group.into(), table)
     }
 }
 
@@ -496,120 +256,6 @@ const STATS_TOLERANCE: chrono::Duration = chrono::Duration::milliseconds(10);
 /// earlier: another worker's clock, or a stats query that read its time just before the row
 /// was committed, never sees it as delayed. Rows due now keep their order among themselves.
 const BACKDATE: chrono::Duration = chrono::Duration::seconds(1);
-
-/// Whether `e` is about reaching or using the database rather than about the statement: a
-/// broken or refused connection, a pool that gave no connection, TLS, Postgres' connection
-/// exceptions (SQLSTATE class `08`) and shutdowns (`57P01` admin, `57P02` crash, `57P03`
-/// cannot connect now), SQLite's `BUSY` and `LOCKED` (another writer held the database).
-pub(crate) fn is_connection_error(e: &sqlx::Error) -> bool {
-    match e {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(d) => {
-            let Some(code) = d.code() else {
-                return false;
-            };
-            if code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03") {
-                return true;
-            }
-            // SQLite reports its (extended) result code as a number: the primary code is the
-            // low byte. 5 is SQLITE_BUSY, 6 SQLITE_LOCKED.
-            d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
-                && code.parse::<i64>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
-        }
-        _ => false,
-    }
-}
-
-/// A driver error as a [`BrokerError`]: [`BrokerError::Connection`] for what
-/// [`is_connection_error`] says is about the connection (the same call can succeed later
-/// unchanged), [`BrokerError::Backend`] for the rest.
-pub(crate) fn db_err(e: sqlx::Error) -> BrokerError {
-    if is_connection_error(&e) {
-        BrokerError::Connection(e.to_string())
-    } else {
-        BrokerError::Backend(e.to_string())
-    }
-}
-
-/// The longest a statement waits for a Postgres connection: during an outage the pool tries to
-/// connect again with a backoff that grows to a fifth of its acquire timeout (6 s by default),
-/// so a claim waiting inside one acquire would resume seconds after the server answers. Each
-/// try gives up after this long instead, and the runtime tries again (at most 500 ms later)
-/// with a fresh backoff.
-const PG_ACQUIRE_WAIT: Duration = Duration::from_secs(2);
-
-/// A connection of `pool`; on Postgres within [`PG_ACQUIRE_WAIT`].
-pub(crate) async fn acquire<DB: Dialect>(
-    pool: &sqlx::Pool<DB>,
-) -> Result<sqlx::pool::PoolConnection<DB>, BrokerError> {
-    if <DB as sealed::Sealed>::FLAVOR != Flavor::Postgres {
-        return pool.acquire().await.map_err(db_err);
-    }
-    match tokio::time::timeout(PG_ACQUIRE_WAIT, pool.acquire()).await {
-        Ok(r) => r.map_err(db_err),
-        Err(_) => Err(BrokerError::Connection(format!(
-            "no connection to Postgres within {PG_ACQUIRE_WAIT:?}: the server is not answering (restarting, or unreachable), or every connection of the pool is busy (raise max_connections)"
-        ))),
-    }
-}
-
-/// Whether a row of `table` is known by its generated row id: the database generates the id
-/// and the table has no headers column to keep the envelope's. Such a job's id is its row id
-/// (what its handler, its dead letter and the CLI show), so a publish returns that.
-fn keyed_by_row(table: &Table) -> bool {
-    table.id.generated && table.headers.is_none()
-}
-
-/// What a publish of `envelopes` into `queue` did, from the ids (as text) of the rows its
-/// inserts returned: one per stored row, in the jobs' order when [`keyed_by_row`] (each row is
-/// inserted by a statement of its own), in any order otherwise. A job whose id is already in
-/// the table, or earlier in the batch, returned nothing: it is reported as not stored (and
-/// logged). A table whose id the database generates stores every job.
-fn reports(
-    table: &Table,
-    queue: &str,
-    envelopes: &[&Envelope],
-    returned: Vec<String>,
-) -> Result<Vec<Published>, BrokerError> {
-    if keyed_by_row(table) {
-        if returned.len() != envelopes.len() {
-            return Err(BrokerError::Backend(format!(
-                "table `{}`: the insert of {} jobs returned {} generated ids (column `{}`)",
-                table.name,
-                envelopes.len(),
-                returned.len(),
-                table.id.name
-            )));
-        }
-        return Ok(returned
-            .into_iter()
-            .map(|id| Published::stored(JobId::from_string(id)))
-            .collect());
-    }
-    if table.id.generated {
-        return Ok(envelopes
-            .iter()
-            .map(|e| Published::stored(e.id().clone()))
-            .collect());
-    }
-    let mut fresh: std::collections::HashSet<String> = returned.into_iter().collect();
-    Ok(envelopes
-        .iter()
-        .map(|e| {
-            // The first job of an id takes the row; a later one of the batch finds it taken.
-            if fresh.remove(e.id().as_str()) {
-                Published::stored(e.id().clone())
-            } else {
-                stagedoor_jobs::broker::log_not_stored(queue, e.id());
-                Published::already_there(e.id().clone())
-            }
-        })
-        .collect())
-}
 
 macro_rules! impl_for {
     ($db:ty, $module:ident) => {
@@ -1027,236 +673,6 @@ macro_rules! impl_for {
 impl_for!(sqlx::Sqlite, sqlite_impl);
 impl_for!(sqlx::Postgres, postgres_impl);
 
-impl<Row: Inbox> SqlxRoute<sqlx::Sqlite, Row> {
-    async fn notify_in(
-        &self,
-        _conn: &mut sqlx::SqliteConnection,
-        _queue: &str,
-    ) -> Result<(), BrokerError> {
-        self.broker.wake_all();
-        Ok(())
-    }
-
-    async fn open(&self) -> Result<(), BrokerError> {
-        use std::str::FromStr;
-        let shared = &self.broker.shared;
-        shared
-            .pool
-            .get_or_try_init(|| async {
-                match self.broker.take_source() {
-                    Some(Source::Pool(p)) => Ok(p),
-                    Some(Source::Url(url, options)) => {
-                        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
-                            .map_err(|e| BrokerError::Connection(format!(
-                                "`{}` is not an SQLite URL ({e}): write sqlite://path/to/file.db",
-                                shared.url_for_messages
-                            )))?
-                            .create_if_missing(true)
-                            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
-                            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
-                            .busy_timeout(Duration::from_secs(10));
-                        options.connect_with(opts).await.map_err(|e| BrokerError::Connection(format!(
-                            "cannot open the SQLite database `{}`: {e}: check the path and that its folder exists",
-                            shared.url_for_messages
-                        )))
-                    }
-                    None => Err(BrokerError::Connection("the broker's connection failed earlier; restart the service".to_owned())),
-                }
-            })
-            .await?;
-        Ok(())
-    }
-}
-
-impl<Row: Inbox> SqlxRoute<sqlx::Postgres, Row> {
-    async fn notify_in(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        queue: &str,
-    ) -> Result<(), BrokerError> {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(CHANNEL)
-            .bind(queue)
-            .execute(&mut *conn)
-            .await
-            .map_err(db_err)?;
-        self.broker.wake_all();
-        Ok(())
-    }
-
-    async fn open(&self) -> Result<(), BrokerError> {
-        let shared = &self.broker.shared;
-        let pool = shared
-            .pool
-            .get_or_try_init(|| async {
-                match self.broker.take_source() {
-                    Some(Source::Pool(p)) => Ok(p),
-                    Some(Source::Url(url, options)) => {
-                        use std::str::FromStr;
-                        let masked = &shared.url_for_messages;
-                        let opts = sqlx::postgres::PgConnectOptions::from_str(&url).map_err(|e| {
-                            BrokerError::Connection(format!(
-                                "`{masked}` is not a Postgres URL ({e}): write postgres://user:password@host:port/database"
-                            ))
-                        })?;
-                        // One direct connection first: a refused port, an unknown host or a
-                        // wrong password is reported at once with its cause (the pool would
-                        // retry a refused connection until its acquire timeout, 30 s, and then
-                        // say only "pool timed out").
-                        let fix = "check the URL (postgres://user:password@host:port/database) and that the server is running and accepts connections there";
-                        match tokio::time::timeout(PG_CONNECT_WAIT, <sqlx::PgConnection as sqlx::Connection>::connect_with(&opts)).await {
-                            Ok(Ok(conn)) => {
-                                let _ = sqlx::Connection::close(conn).await;
-                            }
-                            Ok(Err(e)) => {
-                                return Err(BrokerError::Connection(format!(
-                                    "cannot connect to Postgres at `{masked}`: {e}: {fix}"
-                                )));
-                            }
-                            Err(_) => {
-                                return Err(BrokerError::Connection(format!(
-                                    "cannot connect to Postgres at `{masked}`: no answer within {PG_CONNECT_WAIT:?}: {fix}"
-                                )));
-                            }
-                        }
-                        options.connect_with(opts).await.map_err(|e| {
-                            BrokerError::Connection(format!(
-                                "cannot connect to Postgres at `{masked}`: {e}: {fix}"
-                            ))
-                        })
-                    }
-                    None => Err(BrokerError::Connection("the broker's connection failed earlier; restart the service".to_owned())),
-                }
-            })
-            .await?
-            .clone();
-        if !shared
-            .listening
-            .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            let broker = self.broker.clone();
-            // Restarted after a panic; it returns when the pool closes.
-            tokio::spawn(stagedoor_jobs::supervise::restart_on_panic(
-                "postgres LISTEN",
-                move || listen(broker.clone(), pool.clone()),
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The bookkeeping tables of this backend, created on first use: `stagedoor_locks` (a row per
-/// lock: scheduler ticks, with its owner's token and expiry) and `stagedoor_schedules` (each
-/// schedule's latest enqueued tick).
-const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE IF NOT EXISTS stagedoor_schedules (schedule TEXT PRIMARY KEY, last_tick TIMESTAMPTZ NOT NULL)";
-
-async fn ensure_bookkeeping<DB: Database>(
-    broker: &SqlxBroker<DB>,
-    pool: &sqlx::Pool<DB>,
-) -> Result<(), BrokerError>
-where
-    for<'c> &'c sqlx::Pool<DB>: sqlx::Executor<'c, Database = DB>,
-{
-    broker
-        .shared
-        .bookkeeping
-        .get_or_try_init(|| async {
-            // Postgres races concurrent `CREATE TABLE IF NOT EXISTS` of one table (workers
-            // starting together on a fresh database): the loser sees "already exists" or a
-            // duplicate catalog key, and the table is there once the winner commits.
-            let mut tries: u64 = 0;
-            loop {
-                match sqlx::raw_sql(BOOKKEEPING).execute(pool).await {
-                    Ok(_) => return Ok(()),
-                    Err(e)
-                        if tries < 5 && {
-                            let m = e.to_string();
-                            m.contains("already exists") || m.contains("duplicate key")
-                        } =>
-                    {
-                        tries += 1;
-                        tokio::time::sleep(Duration::from_millis(20 * tries)).await;
-                    }
-                    Err(e) => return Err(db_err(e)),
-                }
-            }
-        })
-        .await?;
-    Ok(())
-}
-
-/// How long the first connection to Postgres may take at start before it is reported.
-const PG_CONNECT_WAIT: Duration = Duration::from_secs(5);
-
-/// Wakes this process's idle workers on every `NOTIFY`. The `LISTEN` holds a connection of its
-/// own, outside `pool` (same connect options): a pool of one connection still publishes and
-/// claims. Reconnects after an outage (backoff up to 1 s; workers poll meanwhile); returns when
-/// `pool` closes.
-async fn listen(broker: SqlxBroker<sqlx::Postgres>, pool: sqlx::PgPool) {
-    let own = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .min_connections(0)
-        .max_lifetime(None)
-        .idle_timeout(None)
-        .acquire_timeout(PG_ACQUIRE_WAIT)
-        .connect_lazy_with((*pool.connect_options()).clone());
-    let closed = pool.close_event();
-    tokio::pin!(closed);
-    let mut wait = Duration::from_millis(100);
-    let mut failures: u32 = 0;
-    loop {
-        match sqlx::postgres::PgListener::connect_with(&own).await {
-            Ok(mut l) => {
-                if let Err(e) = l.listen(CHANNEL).await {
-                    tracing::warn!(error = %e, "LISTEN failed; polling meanwhile");
-                } else {
-                    if failures > 0 {
-                        tracing::info!("the LISTEN connection is back");
-                    }
-                    wait = Duration::from_millis(100);
-                    failures = 0;
-                    // Notifications sent while it was away are lost: look now.
-                    broker.wake_all();
-                    loop {
-                        tokio::select! {
-                            got = l.recv() => match got {
-                                Ok(_) => broker.wake_all(),
-                                Err(e) => {
-                                    tracing::warn!(error = %e, "the LISTEN connection broke; reconnecting (workers poll meanwhile)");
-                                    break;
-                                }
-                            },
-                            _ = &mut closed => {
-                                own.close().await;
-                                return;
-                            }
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                failures += 1;
-                if failures == 1 || failures.is_multiple_of(20) {
-                    tracing::warn!(error = %e, "cannot open the LISTEN connection ({failures} tries); polling meanwhile");
-                }
-            }
-        }
-        if pool.is_closed() {
-            own.close().await;
-            return;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = &mut closed => {
-                own.close().await;
-                return;
-            }
-        }
-        wait = (wait * 2).min(Duration::from_secs(1));
-    }
-}
-
 macro_rules! impl_broker {
     ($db:ty, $module:ident) => {
         impl<Row: Inbox> Inspect for SqlxRoute<$db, Row> {
@@ -1430,7 +846,7 @@ macro_rules! impl_broker {
                 impl<Row: Inbox> Locks for SqlxRoute<$db, Row> {
             async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
                 let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
+                ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
                 let now = self.broker.now();
                 let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
                 let n = sqlx::query("INSERT INTO stagedoor_locks (lock_key, token, until_at) VALUES ($1, $2, $3) ON CONFLICT (lock_key) DO UPDATE SET token = excluded.token, until_at = excluded.until_at WHERE stagedoor_locks.until_at <= $4")
@@ -1453,7 +869,7 @@ macro_rules! impl_broker {
 
             async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
                 let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
+                ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
                 let t: Option<DateTime<Utc>> = sqlx::query_scalar("SELECT last_tick FROM stagedoor_schedules WHERE schedule = $1")
                     .bind(schedule)
                     .fetch_optional(pool)
@@ -1464,7 +880,7 @@ macro_rules! impl_broker {
 
             async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
                 let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
+                ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
                 sqlx::query("INSERT INTO stagedoor_schedules (schedule, last_tick) VALUES ($1, $2) ON CONFLICT (schedule) DO UPDATE SET last_tick = excluded.last_tick WHERE stagedoor_schedules.last_tick < excluded.last_tick")
                     .bind(schedule)
                     .bind(tick)
@@ -1975,7 +1391,7 @@ macro_rules! impl_broker {
                 let (envelope, at) = job;
                 let v = self.encode_job(queue, &envelope, at)?;
                 let pool = self.pool()?;
-                ensure_bookkeeping(&self.broker, pool).await?;
+                ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
                 let mut conn = acquire(pool).await?;
                 let now = self.broker.now();
                 let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
@@ -2035,87 +1451,4 @@ mod postgres_broker {
     use super::postgres_impl::query;
     use super::*;
     impl_broker!(sqlx::Postgres, postgres_impl);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn attempt_numbers_saturate_and_never_wrap() {
-        assert_eq!(
-            attempt_number(Some(-32_768), 1),
-            1,
-            "below 1: a first delivery"
-        );
-        assert_eq!(attempt_number(Some(0), 1), 1);
-        assert_eq!(attempt_number(None, 1), 1);
-        assert_eq!(attempt_number(Some(5), 1), 5);
-        assert_eq!(attempt_number(Some(i64::MAX), 1), MAX_ATTEMPT);
-        assert_eq!(attempt_number(Some(-1), 0), 0, "a dead letter spent none");
-        assert_eq!(attempt_number(Some(4_294_967_296), 0), MAX_ATTEMPT);
-    }
-
-    #[test]
-    fn postgres_timestamps_outside_chrono_are_none_not_a_panic() {
-        assert_eq!(pg_time(i64::MAX), None, "infinity");
-        assert_eq!(pg_time(i64::MIN), None, "-infinity");
-        assert_eq!(
-            pg_time(0).map(|t| t.to_rfc3339()),
-            Some("2000-01-01T00:00:00+00:00".to_owned())
-        );
-        assert_eq!(
-            pg_time(-1).map(|t| t.to_rfc3339()),
-            Some("1999-12-31T23:59:59.999999+00:00".to_owned())
-        );
-    }
-
-    #[test]
-    fn connection_errors_are_told_from_statement_errors() {
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert!(is_connection_error(&sqlx::Error::Io(refused)));
-        assert!(is_connection_error(&sqlx::Error::PoolTimedOut));
-        assert!(is_connection_error(&sqlx::Error::PoolClosed));
-        assert!(!is_connection_error(&sqlx::Error::RowNotFound));
-        assert!(!is_connection_error(&sqlx::Error::Protocol(
-            "unexpected".to_owned()
-        )));
-        assert!(matches!(
-            db_err(sqlx::Error::PoolTimedOut),
-            BrokerError::Connection(_)
-        ));
-        assert!(matches!(
-            db_err(sqlx::Error::RowNotFound),
-            BrokerError::Backend(_)
-        ));
-    }
-
-    #[test]
-    fn a_fence_accepts_the_leases_a_lost_reply_may_have_set() {
-        let t = |s: i64| DateTime::from_timestamp(s, 0).expect("a time");
-        let r = SqlReceipt::new(IdValue::Int(1), t(10));
-        assert_eq!(r.leases(), [t(10); crate::sql::FENCES]);
-        r.maybe(t(11));
-        r.maybe(t(12));
-        assert_eq!(r.leases(), [t(10), t(12), t(11), t(10)]);
-        r.maybe(t(13));
-        r.maybe(t(14));
-        assert_eq!(
-            r.leases(),
-            [t(10), t(14), t(13), t(12)],
-            "the newest unsure values"
-        );
-        r.confirmed(t(20));
-        assert_eq!(r.leases(), [t(20); crate::sql::FENCES]);
-    }
-
-    #[test]
-    fn shown_values_are_short() {
-        assert_eq!(shorten("soon"), "soon");
-        let long = "x".repeat(1000);
-        assert!(shorten(&long).ends_with("… (1000 characters)"));
-        assert!(shorten(&long).chars().count() < 100);
-        assert_eq!(shorten_bytes(&[0xde, 0xad]), "0xdead");
-        assert!(shorten_bytes(&[0u8; 1 << 20]).ends_with("… (1048576 bytes)"));
-    }
 }

@@ -1,0 +1,131 @@
+//! `SqlReceipt`: what a delivery holds of its row (its id and the lease fence), and the id
+//! values rows are fenced on.
+
+use std::sync::Mutex;
+
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::BrokerError;
+use stagedoor_jobs::inbox::{ColumnType, Table};
+
+/// A claimed row: its id and the lease it holds (the fence every settlement checks).
+///
+/// A renewal moves the row's lease. One whose reply is lost (the connection broke after the
+/// statement was sent) may have committed, so the receipt keeps the value it tried to set
+/// beside the one last confirmed, and the fence accepts any of them: a lost reply never makes
+/// the worker's own row look taken by another.
+#[derive(Debug)]
+pub struct SqlReceipt {
+    pub(crate) id: IdValue,
+    lease: Mutex<Fence>,
+    /// A settlement of this delivery failed: it may have taken effect (its reply lost).
+    pub(crate) settle_failed: std::sync::atomic::AtomicBool,
+}
+
+/// The lease values a delivery may find on its row.
+#[derive(Clone, Debug)]
+struct Fence {
+    /// The last one a statement confirmed setting.
+    held: DateTime<Utc>,
+    /// Set by statements whose reply never came (newest last, at most `FENCES - 1`).
+    unsure: Vec<DateTime<Utc>>,
+}
+
+impl SqlReceipt {
+    pub(crate) fn new(id: IdValue, lease: DateTime<Utc>) -> Self {
+        Self {
+            id,
+            lease: Mutex::new(Fence {
+                held: lease,
+                unsure: Vec::new(),
+            }),
+            settle_failed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
+        self.lease
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The lease values the fence accepts, padded with the confirmed one.
+    pub(crate) fn leases(&self) -> [DateTime<Utc>; crate::sql::FENCES] {
+        let f = self.fence();
+        let mut out = [f.held; crate::sql::FENCES];
+        for (slot, t) in out.iter_mut().skip(1).zip(f.unsure.iter().rev()) {
+            *slot = *t;
+        }
+        out
+    }
+
+    /// A statement set `lease` for sure: the only value from now on.
+    pub(crate) fn confirmed(&self, lease: DateTime<Utc>) {
+        let mut f = self.fence();
+        f.held = lease;
+        f.unsure.clear();
+    }
+
+    /// A statement that would set `lease` failed after it was sent: it may have committed.
+    pub(crate) fn maybe(&self, lease: DateTime<Utc>) {
+        let mut f = self.fence();
+        if f.unsure.len() + 1 >= crate::sql::FENCES {
+            f.unsure.remove(0);
+        }
+        f.unsure.push(lease);
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum IdValue {
+    Int(i64),
+    Text(String),
+}
+
+impl IdValue {
+    pub(crate) fn parse(table: &Table, text: &str) -> Result<Self, BrokerError> {
+        match table.id.ty {
+            ColumnType::Integer => {
+                text.parse()
+                    .map(IdValue::Int)
+                    .map_err(|_| BrokerError::Malformed {
+                        id: text.to_owned(),
+                        reason: "an integer id column held a non-integer".to_owned(),
+                    })
+            }
+            _ => Ok(IdValue::Text(text.to_owned())),
+        }
+    }
+}
+
+impl IdValue {
+    pub(crate) fn text(&self) -> String {
+        match self {
+            IdValue::Int(i) => i.to_string(),
+            IdValue::Text(s) => s.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fence_accepts_the_leases_a_lost_reply_may_have_set() {
+        let t = |s: i64| DateTime::from_timestamp(s, 0).expect("a time");
+        let r = SqlReceipt::new(IdValue::Int(1), t(10));
+        assert_eq!(r.leases(), [t(10); crate::sql::FENCES]);
+        r.maybe(t(11));
+        r.maybe(t(12));
+        assert_eq!(r.leases(), [t(10), t(12), t(11), t(10)]);
+        r.maybe(t(13));
+        r.maybe(t(14));
+        assert_eq!(
+            r.leases(),
+            [t(10), t(14), t(13), t(12)],
+            "the newest unsure values"
+        );
+        r.confirmed(t(20));
+        assert_eq!(r.leases(), [t(20); crate::sql::FENCES]);
+    }
+}
