@@ -1,5 +1,5 @@
 //! Dead letters: dead-lettering an entry this worker holds (one script), reading a dead
-//! stream ([`Broker::dead_letters`](stagedoor_jobs::broker::Broker::dead_letters) and every
+//! stream ([`DeadLetters::dead_letters`](stagedoor_jobs::broker::DeadLetters::dead_letters) and every
 //! stored field, [`RedisBroker::dead_letter_fields`]), replaying and purging.
 
 use std::sync::atomic::Ordering;
@@ -16,7 +16,7 @@ use crate::scripts;
 use crate::value;
 
 impl RedisBroker {
-    /// [`Broker::dead_letters`](stagedoor_jobs::broker::Broker::dead_letters) on Redis (the trait's impl
+    /// [`DeadLetters::dead_letters`](stagedoor_jobs::broker::DeadLetters::dead_letters) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn dead_letters(
         &self,
@@ -55,7 +55,7 @@ impl RedisBroker {
             .collect())
     }
 
-    /// [`Broker::replay`](stagedoor_jobs::broker::Broker::replay) on Redis (the trait's impl
+    /// [`DeadLetters::replay`](stagedoor_jobs::broker::DeadLetters::replay) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn replay(
         &self,
@@ -115,7 +115,7 @@ impl RedisBroker {
         Ok(report)
     }
 
-    /// [`Broker::purge`](stagedoor_jobs::broker::Broker::purge) on Redis (the trait's impl
+    /// [`DeadLetters::purge`](stagedoor_jobs::broker::DeadLetters::purge) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn purge(
         &self,

@@ -11,7 +11,7 @@ use crate::broker::{RedisBroker, ms};
 use crate::scripts;
 
 impl RedisBroker {
-    /// [`Broker::try_lock`](stagedoor_jobs::broker::Broker::try_lock) on Redis (the trait's impl
+    /// [`Locks::try_lock`](stagedoor_jobs::broker::Locks::try_lock) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn try_lock(
         &self,
@@ -32,7 +32,7 @@ impl RedisBroker {
         Ok(got.is_some())
     }
 
-    /// [`Broker::last_tick`](stagedoor_jobs::broker::Broker::last_tick) on Redis (the trait's impl
+    /// [`Locks::last_tick`](stagedoor_jobs::broker::Locks::last_tick) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn last_tick(
         &self,
@@ -47,7 +47,7 @@ impl RedisBroker {
         Ok(v.and_then(DateTime::<Utc>::from_timestamp_millis))
     }
 
-    /// [`Broker::mark_tick`](stagedoor_jobs::broker::Broker::mark_tick) on Redis (the trait's impl
+    /// [`Locks::mark_tick`](stagedoor_jobs::broker::Locks::mark_tick) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn mark_tick(
         &self,
@@ -64,7 +64,7 @@ impl RedisBroker {
         Ok(())
     }
 
-    /// [`Broker::unlock`](stagedoor_jobs::broker::Broker::unlock) on Redis (the trait's impl
+    /// [`Locks::unlock`](stagedoor_jobs::broker::Locks::unlock) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
         let mut c = self.conn()?;

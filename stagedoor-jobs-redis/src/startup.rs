@@ -14,7 +14,7 @@ use crate::keys::{DEAD_SUFFIX, Keys};
 use crate::value;
 
 impl RedisBroker {
-    /// [`Broker::connect`](stagedoor_jobs::broker::Broker::connect) on Redis (the trait's impl
+    /// [`Inspect::connect`](stagedoor_jobs::broker::Inspect::connect) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn connect(&self) -> Result<(), BrokerError> {
         let target = self

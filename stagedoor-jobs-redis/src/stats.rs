@@ -1,4 +1,4 @@
-//! Inspection: a queue's counts ([`Broker::stats`](stagedoor_jobs::broker::Broker::stats)),
+//! Inspection: a queue's counts ([`Inspect::stats`](stagedoor_jobs::broker::Inspect::stats)),
 //! the queues there are, a dead stream's length, when the next delayed job is due, and the
 //! server's time.
 
@@ -32,7 +32,7 @@ impl RedisBroker {
         }
     }
 
-    /// [`Broker::stats`](stagedoor_jobs::broker::Broker::stats) on Redis (the trait's impl
+    /// [`Inspect::stats`](stagedoor_jobs::broker::Inspect::stats) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
         let keys = self.keys(queue);
@@ -134,7 +134,7 @@ impl RedisBroker {
         })
     }
 
-    /// [`Broker::queues`](stagedoor_jobs::broker::Broker::queues) on Redis (the trait's impl
+    /// [`Inspect::queues`](stagedoor_jobs::broker::Inspect::queues) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn queues(&self) -> Result<Vec<String>, BrokerError> {
         // Every stream under this namespace: `{ns jobs}` is the queue `jobs`, `{ns jobs}:dead`
@@ -176,7 +176,7 @@ impl RedisBroker {
         Ok(names)
     }
 
-    /// [`Broker::dead_len`](stagedoor_jobs::broker::Broker::dead_len) on Redis (the trait's impl
+    /// [`DeadLetters::dead_len`](stagedoor_jobs::broker::DeadLetters::dead_len) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
         let keys = self.keys(dead);
@@ -189,7 +189,7 @@ impl RedisBroker {
         Ok(len.max(0) as u64)
     }
 
-    /// [`Broker::next_due`](stagedoor_jobs::broker::Broker::next_due) on Redis (the trait's impl
+    /// [`Inspect::next_due`](stagedoor_jobs::broker::Inspect::next_due) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
         let keys = self.keys(queue);
