@@ -532,7 +532,7 @@ type Batch = Vec<(Envelope, Option<DateTime<Utc>>)>;
 ///
 /// ```no_run
 /// # async fn f(broker: stagedoor_jobs::MemoryBroker) -> Result<(), Box<dyn std::error::Error>> {
-/// use stagedoor_jobs::broker::{Broker, Publish};
+/// use stagedoor_jobs::broker::{Inspect, Publish};
 /// use stagedoor_jobs::Job;
 /// broker.connect().await?;
 /// let jobs = (0..1000).map(|n| Job::new("emails", &n)).collect::<Result<Vec<_>, _>>()?;

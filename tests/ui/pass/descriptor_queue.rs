@@ -2,7 +2,7 @@
 use std::marker::PhantomData;
 
 use serde::Deserialize;
-use stagedoor_jobs::broker::Broker;
+use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{IntoSubscriber, QueueDescriptor, QueueFor};
 
