@@ -32,7 +32,7 @@ impl RedisBroker {
             .inner
             .housekeeping
             .lock()
-            .expect("lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(queue)
             .copied()
             .unwrap_or(Housekeeping {
@@ -65,13 +65,17 @@ impl RedisBroker {
                 None => now + Duration::from_secs(1),
             });
         }
-        self.inner.housekeeping.lock().expect("lock").insert(
-            queue.to_owned(),
-            Housekeeping {
-                reclaimed_at,
-                next_delayed,
-            },
-        );
+        self.inner
+            .housekeeping
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(
+                queue.to_owned(),
+                Housekeeping {
+                    reclaimed_at,
+                    next_delayed,
+                },
+            );
         if out.len() >= max {
             return Ok(out);
         }

@@ -139,7 +139,13 @@ impl RedisBroker {
                 if n == 1 && due > 0 {
                     // The mover should look by then.
                     let at = tokio::time::Instant::now() + delay;
-                    if let Some(h) = self.inner.housekeeping.lock().expect("lock").get_mut(queue) {
+                    if let Some(h) = self
+                        .inner
+                        .housekeeping
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .get_mut(queue)
+                    {
                         h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
                     }
                 }

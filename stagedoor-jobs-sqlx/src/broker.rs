@@ -178,6 +178,10 @@ impl<DB: Database> SqlxBroker<DB> {
     }
 
     pub(crate) fn take_source(&self) -> Option<Source<DB>> {
-        self.shared.source.lock().expect("source lock").take()
+        self.shared
+            .source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 }

@@ -167,7 +167,13 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
 
     /// The statements of the dead-letter table `name`, validated and cached.
     fn dead_table(&self, name: &str) -> Result<Arc<Statements>, BrokerError> {
-        if let Some(s) = self.inner.dead_tables.lock().expect("lock").get(name) {
+        if let Some(s) = self
+            .inner
+            .dead_tables
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+        {
             return Ok(Arc::clone(s));
         }
         if !is_plain_identifier(name) {
@@ -183,7 +189,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         self.inner
             .dead_tables
             .lock()
-            .expect("lock")
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(name.to_owned(), Arc::clone(&s));
         Ok(s)
     }
@@ -201,7 +207,14 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     fn origin_of(&self, dead: &str, doc: &HeaderDoc) -> Option<String> {
         doc.origin
             .clone()
-            .or_else(|| self.inner.origins.lock().expect("lock").get(dead).cloned())
+            .or_else(|| {
+                self.inner
+                    .origins
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(dead)
+                    .cloned()
+            })
             // A table without a group column has one queue: a dead letter of it failed there,
             // even when no service checked this route (an operator's replay) and the table
             // has no headers column to record the origin.
@@ -723,7 +736,7 @@ macro_rules! impl_broker {
                     }
                     None => vec![self.default_group.to_string()],
                 };
-                for m in self.inner.origins.lock().expect("lock").keys() {
+                for m in self.inner.origins.lock().unwrap_or_else(std::sync::PoisonError::into_inner).keys() {
                     names.push(m.clone());
                 }
                 names.sort();
@@ -984,7 +997,7 @@ macro_rules! impl_broker {
                         });
                     }
                     if let Some(dead) = &m.dead_letter {
-                        self.inner.origins.lock().expect("lock").insert(dead.clone(), m.queue.clone());
+                        self.inner.origins.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(dead.clone(), m.queue.clone());
                         if !self.grouped() {
                             match self.dead_table(dead) {
                                 Err(e) => problems.push(Problem { mount: who(m), message: format!("{e}") }),
@@ -1109,7 +1122,7 @@ macro_rules! impl_broker {
                     tokio::pin!(notified);
                     notified.as_mut().enable();
                     let wakes = self.broker.shared.wakes.load(std::sync::atomic::Ordering::SeqCst);
-                    let idle = self.inner.idle.lock().expect("idle lock").get(queue).copied();
+                    let idle = self.inner.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(queue).copied();
                     // Nothing woke this process since a claim found the queue empty, and the
                     // next row is not due yet: wait instead of asking again. A worker of an
                     // idle queue queries once per poll interval (Postgres NOTIFY and this
@@ -1182,7 +1195,7 @@ macro_rules! impl_broker {
                                 receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease)),
                             });
                         }
-                        self.inner.idle.lock().expect("idle lock").remove(queue);
+                        self.inner.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(queue);
                         if out.is_empty() {
                             // Every row claimed was unreadable, and is gone: claim again.
                             continue;
@@ -1204,7 +1217,7 @@ macro_rules! impl_broker {
                             _ => {}
                         }
                     }
-                    self.inner.idle.lock().expect("idle lock").insert(queue.to_owned(), Idle { until, wakes });
+                    self.inner.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(queue.to_owned(), Idle { until, wakes });
                     }
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     if left.is_zero() {
@@ -1220,12 +1233,12 @@ macro_rules! impl_broker {
                             None => std::future::pending::<()>().await,
                         }
                     };
-                    let until = self.inner.idle.lock().expect("idle lock").get(queue).map(|i| i.until);
+                    let until = self.inner.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(queue).map(|i| i.until);
                     let nap = until.map_or(left, |u| left.min(u.saturating_duration_since(tokio::time::Instant::now())));
                     tokio::select! {
                         _ = notified => {}
                         _ = clock_changed => {
-                            self.inner.idle.lock().expect("idle lock").remove(queue);
+                            self.inner.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(queue);
                             self.inner.floors.reset(queue);
                         }
                         _ = tokio::time::sleep(nap) => {}
