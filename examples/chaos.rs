@@ -548,6 +548,10 @@ impl Store {
                     .arg(100_000)
                     .query_async(&mut c)
                     .await?;
+                // An empty pipeline is an error ("empty command"): nothing pending, nothing held.
+                if pending.is_empty() {
+                    return Ok(out);
+                }
                 let mut pipe = redis::pipe();
                 for (id, ..) in &pending {
                     pipe.cmd("XRANGE").arg(&key).arg(id).arg(id);
