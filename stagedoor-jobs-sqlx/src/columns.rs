@@ -51,7 +51,8 @@ pub(crate) struct Found {
 
 /// A table as the database describes it.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Layout {
+#[allow(unreachable_pub)]
+pub struct Layout {
     /// Its columns, in order; empty when there is no such table.
     pub(crate) columns: Vec<Found>,
     /// SQLite: whether the table has a row id (it is not `WITHOUT ROWID`).
@@ -59,7 +60,8 @@ pub(crate) struct Layout {
 }
 
 /// The databases whose tables can be read.
-pub(crate) trait Introspect: sqlx::Database + crate::dialect::Dialect {
+#[allow(unreachable_pub)]
+pub trait Introspect: sqlx::Database + crate::dialect::sealed::Sealed {
     /// The layout of `table` (no columns when there is no such table).
     fn layout(
         pool: &sqlx::Pool<Self>,
@@ -186,12 +188,7 @@ async fn checked<DB: Introspect>(
     copied: bool,
 ) -> Vec<String> {
     match DB::layout(pool, table).await {
-        Ok(layout) => compare(
-            <DB as crate::dialect::sealed::Sealed>::FLAVOR,
-            table,
-            &layout,
-            copied,
-        ),
+        Ok(layout) => compare(DB::FLAVOR, table, &layout, copied),
         Err(e) => {
             tracing::warn!(table = table.name, error = %e, "cannot read the table's columns; checking its statements only");
             Vec::new()

@@ -7,6 +7,8 @@ use chrono::{DateTime, Utc};
 use stagedoor_jobs::BrokerError;
 use stagedoor_jobs::inbox::{ColumnType, Table};
 
+use crate::dialect::sealed::Value;
+
 /// A claimed row: its id and the lease it holds (the fence every settlement checks).
 ///
 /// A renewal moves the row's lease. One whose reply is lost (the connection broke after the
@@ -102,6 +104,14 @@ impl IdValue {
         match self {
             IdValue::Int(i) => i.to_string(),
             IdValue::Text(s) => s.clone(),
+        }
+    }
+
+    /// The id as a statement binds it.
+    pub(crate) fn value(&self) -> Value {
+        match self {
+            IdValue::Int(i) => Value::Int(Some(*i)),
+            IdValue::Text(s) => Value::Text(Some(s.clone())),
         }
     }
 }

@@ -1,11 +1,16 @@
-//! Rows as statements bind and read them: the values one statement may bind, one row as read
-//! back, and how a value that cannot be read is described.
+//! Rows as statements bind and read them: the values one statement may bind (and how they
+//! become its parameters), one row as read back column by column, and how a value that cannot
+//! be read is described.
 
 use chrono::{DateTime, Utc};
+use stagedoor_jobs::BrokerError;
 use stagedoor_jobs::broker::MAX_ATTEMPT;
-use stagedoor_jobs::inbox::Table;
+use stagedoor_jobs::inbox::{ColumnType, Table};
 
+use crate::dialect::db_err;
+use crate::dialect::sealed::{Driver, Value};
 use crate::receipt::IdValue;
+use crate::sql::{Flavor, P, Stmt};
 
 /// The values one statement may bind.
 #[derive(Default)]
@@ -48,6 +53,180 @@ pub(crate) struct RowRead {
     pub(crate) enqueued_at: Option<DateTime<Utc>>,
     /// What could not be read: each column, the value found and the fix.
     pub(crate) problem: Option<String>,
+}
+
+/// The parameters of `stmt`, in order, from `v`.
+pub(crate) fn params(stmt: &Stmt, v: &Vals, table: &Table) -> Vec<Value> {
+    stmt.params.iter().map(|p| value(*p, v, table)).collect()
+}
+
+/// The parameters of a multi-row statement: `template`'s values for each of `rows`, in order
+/// (`None` entries are literals, nothing to bind).
+pub(crate) fn params_rows(template: &[Option<P>], rows: &[Vals], table: &Table) -> Vec<Value> {
+    rows.iter()
+        .flat_map(|v| template.iter().flatten().map(move |p| value(*p, v, table)))
+        .collect()
+}
+
+/// The value `p` stands for in `v`.
+fn value(p: P, v: &Vals, table: &Table) -> Value {
+    match p {
+        P::Id => match &v.id {
+            Some(id) => id.value(),
+            None => Value::Text(None),
+        },
+        P::Lease => Value::Time(v.leases.map(|l| l[0])),
+        P::Fence1 => Value::Time(v.leases.map(|l| l[1])),
+        P::Fence2 => Value::Time(v.leases.map(|l| l[2])),
+        P::Fence3 => Value::Time(v.leases.map(|l| l[3])),
+        P::Reclaim => Value::Time(v.reclaim.or(v.now)),
+        P::NewLease => Value::Time(v.new_lease),
+        P::Group => Value::Text(v.group.clone()),
+        P::Target => Value::Text(v.target.clone()),
+        P::Now => Value::Time(v.now),
+        P::Due => Value::Time(v.due),
+        P::Limit => Value::Int(Some(v.limit)),
+        P::Error => Value::Text(v.error.clone()),
+        P::Headers => Value::Text(v.headers.clone()),
+        P::Payload => match table.payload.ty {
+            ColumnType::Bytes => Value::Bytes(v.payload.clone()),
+            _ => Value::Text(Some(String::from_utf8_lossy(&v.payload).into_owned())),
+        },
+        P::EnqueuedAt => Value::Time(v.enqueued_at),
+        P::JobId => Value::Text(v.job_id.clone()),
+        P::Floor => Value::Time(v.floor),
+        P::Attempt => Value::Int(Some(v.attempt)),
+    }
+}
+
+/// The ids (as text) an insert returned, one per stored row.
+pub(crate) fn returned_ids<DB: Driver>(rows: &[DB::Row]) -> Result<Vec<String>, BrokerError> {
+    rows.iter()
+        .map(|r| {
+            DB::text(r, 0)
+                .map_err(db_err)?
+                .ok_or_else(|| BrokerError::Backend("an insert returned a NULL id".to_owned()))
+        })
+        .collect()
+}
+
+/// How column `i` of `row` is shown in a message: its value, shortened, or its type.
+pub(crate) fn shown<DB: Driver>(row: &DB::Row, i: usize) -> String {
+    match DB::is_null(row, i) {
+        Err(_) => return "a value that cannot be read".to_owned(),
+        Ok(true) => return "NULL".to_owned(),
+        Ok(false) => {}
+    }
+    let ty = DB::type_name(row, i).unwrap_or_default();
+    if DB::FLAVOR == Flavor::Postgres && ty == "TIMESTAMPTZ" {
+        return match DB::raw_int(row, i) {
+            Ok(i64::MAX) => "'infinity'".to_owned(),
+            Ok(i64::MIN) => "'-infinity'".to_owned(),
+            _ => "a timestamp out of range".to_owned(),
+        };
+    }
+    if let Ok(Some(s)) = DB::text(row, i) {
+        return format!("'{}'", shorten(&s));
+    }
+    if let Ok(Some(v)) = DB::int(row, i) {
+        return v.to_string();
+    }
+    if let Ok(Some(v)) = DB::float(row, i) {
+        return v.to_string();
+    }
+    if let Ok(Some(b)) = DB::bytes(row, i) {
+        return shorten_bytes(&b);
+    }
+    format!("a value of type {ty}")
+}
+
+/// Column `i` of `row` as a timestamp; `Err` with the value shown when it is not one chrono
+/// can hold. Postgres timestamps are read from their stored microseconds (the driver's own
+/// conversion panics on `infinity`).
+pub(crate) fn time_at<DB: Driver>(
+    row: &DB::Row,
+    i: usize,
+) -> Result<Option<DateTime<Utc>>, String> {
+    if DB::is_null(row, i).map_err(|e| e.to_string())? {
+        return Ok(None);
+    }
+    if DB::FLAVOR == Flavor::Postgres && DB::type_name(row, i).is_ok_and(|t| t == "TIMESTAMPTZ") {
+        return match DB::raw_int(row, i).ok().and_then(pg_time) {
+            Some(t) => Ok(Some(t)),
+            None => Err(shown::<DB>(row, i)),
+        };
+    }
+    match DB::time(row, i) {
+        Ok(Some(t)) => Ok(Some(t)),
+        _ => Err(shown::<DB>(row, i)),
+    }
+}
+
+/// Reads a row column by column (see [`RowRead`]): never fails; what cannot be read is named
+/// in `problem`.
+pub(crate) fn read<DB: Driver>(row: &DB::Row, table: &Table) -> RowRead {
+    let mut problems = Vec::new();
+    let lease_col = table.locked_until.map_or("locked_until", |c| c.name);
+    let due_col = table.retry_after.map_or("retry_after", |c| c.name);
+    let enq_col = table.enqueued_at.map_or("enqueued_at", |c| c.name);
+    let id = match DB::text(row, 0) {
+        Ok(Some(id)) => id,
+        _ => {
+            problems.push(unreadable(
+                table,
+                table.id.name,
+                &shown::<DB>(row, 0),
+                Role::Id,
+            ));
+            String::new()
+        }
+    };
+    // Read as BIGINT by every statement; unreadable only as NULL (a fresh count).
+    let attempt = DB::int(row, 1).ok().flatten();
+    // A NULL payload is no payload (some drivers read it as empty bytes).
+    let null = DB::is_null(row, 2).unwrap_or(true);
+    let payload = match table.payload.ty {
+        _ if null => None,
+        ColumnType::Bytes => DB::bytes(row, 2).ok().flatten(),
+        _ => DB::text(row, 2).ok().flatten().map(String::into_bytes),
+    };
+    let payload = payload.unwrap_or_else(|| {
+        problems.push(unreadable(
+            table,
+            table.payload.name,
+            &shown::<DB>(row, 2),
+            Role::Payload,
+        ));
+        Vec::new()
+    });
+    let mut time = |i: usize, col: &str, nullable: bool| match time_at::<DB>(row, i) {
+        Ok(t) => t,
+        Err(value) => {
+            problems.push(unreadable(table, col, &value, Role::Time { nullable }));
+            None
+        }
+    };
+    let lease = time(3, lease_col, true);
+    let due = time(4, due_col, false);
+    let enqueued_at = time(7, enq_col, false);
+    // The last error is only shown: a value that is not text is shown as it is.
+    let last_error = DB::text(row, 5).unwrap_or_else(|_| Some(shown::<DB>(row, 5)));
+    let headers = DB::text(row, 6).unwrap_or_else(|_| {
+        let col = table.headers.map_or("headers", |c| c.name);
+        problems.push(unreadable(table, col, &shown::<DB>(row, 6), Role::Text));
+        None
+    });
+    RowRead {
+        id,
+        attempt,
+        payload,
+        lease,
+        due,
+        last_error,
+        headers,
+        enqueued_at,
+        problem: (!problems.is_empty()).then(|| problems.join("; ")),
+    }
 }
 
 /// An attempt count as the `1..=MAX_ATTEMPT` (or `0..=`, `floor` 0) number it stands for:

@@ -1,20 +1,25 @@
 //! What Postgres does its own way: connecting (one direct connection first, to report a wrong
-//! URL at once), `NOTIFY` on publish, and the `LISTEN` connection that wakes idle workers.
+//! URL at once), `NOTIFY` on publish, the `LISTEN` connection that wakes idle workers, and
+//! counting the rows a statement changed.
 
 use std::time::Duration;
 
-use stagedoor_jobs::{BrokerError, Inbox};
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::BrokerError;
+use stagedoor_jobs::inbox::Table;
 
-use super::SqlxRoute;
+use super::sealed::Sealed;
+use super::{PG_ACQUIRE_WAIT, db_err};
 use crate::broker::{Source, SqlxBroker};
-use crate::dialect::{PG_ACQUIRE_WAIT, db_err};
-use crate::sql::CHANNEL;
+use crate::sql::{CHANNEL, Flavor};
 
-impl<Row: Inbox> SqlxRoute<sqlx::Postgres, Row> {
-    pub(crate) async fn notify_in(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        queue: &str,
+impl Sealed for sqlx::Postgres {
+    const FLAVOR: Flavor = Flavor::Postgres;
+
+    async fn notify<'c>(
+        broker: &'c SqlxBroker<Self>,
+        conn: &'c mut sqlx::PgConnection,
+        queue: &'c str,
     ) -> Result<(), BrokerError> {
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(CHANNEL)
@@ -22,16 +27,47 @@ impl<Row: Inbox> SqlxRoute<sqlx::Postgres, Row> {
             .execute(&mut *conn)
             .await
             .map_err(db_err)?;
-        self.broker.wake_all();
+        broker.wake_all();
         Ok(())
     }
 
-    pub(crate) async fn open(&self) -> Result<(), BrokerError> {
-        let shared = &self.broker.shared;
+    fn rows_affected(done: &sqlx::postgres::PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    const LOCKS_FIFO_GROUPS: bool = true;
+
+    /// A transaction-scoped advisory lock on the hash of `key`.
+    async fn lock_fifo_group(
+        conn: &mut sqlx::PgConnection,
+        key: String,
+    ) -> Result<(), BrokerError> {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(key)
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    /// `now()`: with autocommit, the statement's time.
+    async fn database_time(conn: &mut sqlx::PgConnection) -> Result<DateTime<Utc>, BrokerError> {
+        sqlx::query_scalar::<_, DateTime<Utc>>("SELECT now()")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db_err)
+    }
+
+    async fn reuses_ids<'c>(_conn: &'c mut sqlx::PgConnection, _table: &'c Table) -> Option<bool> {
+        Some(false)
+    }
+
+    async fn open(broker: &SqlxBroker<Self>) -> Result<(), BrokerError> {
+        let shared = &broker.shared;
         let pool = shared
             .pool
             .get_or_try_init(|| async {
-                match self.broker.take_source() {
+                match broker.take_source() {
                     Some(Source::Pool(p)) => Ok(p),
                     Some(Source::Url(url, options)) => {
                         use std::str::FromStr;
@@ -76,7 +112,7 @@ impl<Row: Inbox> SqlxRoute<sqlx::Postgres, Row> {
             .listening
             .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
-            let broker = self.broker.clone();
+            let broker = broker.clone();
             // Restarted after a panic; it returns when the pool closes.
             tokio::spawn(stagedoor_jobs::supervise::restart_on_panic(
                 "postgres LISTEN",

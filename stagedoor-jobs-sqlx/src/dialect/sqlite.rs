@@ -1,0 +1,109 @@
+//! What SQLite does its own way: opening the database file (WAL, `synchronous = NORMAL`),
+//! waking only this process's workers on publish (no `NOTIFY`), and counting the rows a
+//! statement changed.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::AssertSqlSafe;
+use stagedoor_jobs::BrokerError;
+use stagedoor_jobs::inbox::Table;
+
+use super::db_err;
+use super::sealed::Sealed;
+use crate::broker::{Source, SqlxBroker};
+use crate::sql::Flavor;
+
+impl Sealed for sqlx::Sqlite {
+    const FLAVOR: Flavor = Flavor::Sqlite;
+
+    async fn notify<'c>(
+        broker: &'c SqlxBroker<Self>,
+        _conn: &'c mut sqlx::SqliteConnection,
+        _queue: &'c str,
+    ) -> Result<(), BrokerError> {
+        broker.wake_all();
+        Ok(())
+    }
+
+    fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    const LOCKS_FIFO_GROUPS: bool = false;
+
+    async fn lock_fifo_group(
+        _conn: &mut sqlx::SqliteConnection,
+        _key: String,
+    ) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
+    /// `'now'` as SQLite reads it: this machine's clock, in milliseconds.
+    async fn database_time(
+        conn: &mut sqlx::SqliteConnection,
+    ) -> Result<DateTime<Utc>, BrokerError> {
+        let text = sqlx::query_scalar::<_, String>("SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now')")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        DateTime::parse_from_rfc3339(&text)
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| {
+                BrokerError::Backend(format!(
+                    "the database's clock read `{text}`, which is not a time: {e}"
+                ))
+            })
+    }
+
+    /// Whether `table`'s integer row id is declared without `AUTOINCREMENT` (SQLite then
+    /// gives a new row the id of the deleted row with the highest id).
+    async fn reuses_ids<'c>(
+        conn: &'c mut sqlx::SqliteConnection,
+        table: &'c Table,
+    ) -> Option<bool> {
+        let master = match table.schema {
+            Some(s) => format!("\"{s}\".sqlite_master"),
+            None => "sqlite_master".to_owned(),
+        };
+        let ddl: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT sql FROM {master} WHERE type = 'table' AND name = $1"
+        )))
+        .bind(table.name)
+        .fetch_optional(&mut *conn)
+        .await
+        .ok()
+        .flatten();
+        ddl.map(|d| !d.to_ascii_uppercase().contains("AUTOINCREMENT"))
+    }
+
+    async fn open(broker: &SqlxBroker<Self>) -> Result<(), BrokerError> {
+        use std::str::FromStr;
+        let shared = &broker.shared;
+        shared
+            .pool
+            .get_or_try_init(|| async {
+                match broker.take_source() {
+                    Some(Source::Pool(p)) => Ok(p),
+                    Some(Source::Url(url, options)) => {
+                        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+                            .map_err(|e| BrokerError::Connection(format!(
+                                "`{}` is not an SQLite URL ({e}): write sqlite://path/to/file.db",
+                                shared.url_for_messages
+                            )))?
+                            .create_if_missing(true)
+                            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+                            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal)
+                            .busy_timeout(Duration::from_secs(10));
+                        options.connect_with(opts).await.map_err(|e| BrokerError::Connection(format!(
+                            "cannot open the SQLite database `{}`: {e}: check the path and that its folder exists",
+                            shared.url_for_messages
+                        )))
+                    }
+                    None => Err(BrokerError::Connection("the broker's connection failed earlier; restart the service".to_owned())),
+                }
+            })
+            .await?;
+        Ok(())
+    }
+}

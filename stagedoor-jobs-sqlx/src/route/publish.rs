@@ -1,0 +1,179 @@
+//! Publishing: a job encoded as a row (its envelope in the headers column), one job in one
+//! statement, many in one transaction (multi-row inserts), a job inside the caller's own
+//! transaction, and `publish_once`'s job stored only with its guard.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use stagedoor_jobs::broker::{BrokerError, Published};
+use stagedoor_jobs::inbox::ColumnType;
+use stagedoor_jobs::{Envelope, Inbox, Job};
+
+use super::{BACKDATE, SqlxRoute, fetch_in};
+use crate::dialect::{Dialect, acquire, db_err};
+use crate::headers::HeaderDoc;
+use crate::locks::{ensure_bookkeeping, take_lock};
+use crate::publish::{chunks, keyed_by_row, reports};
+use crate::rows::{Vals, params_rows, returned_ids};
+
+impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
+    fn encode_job(
+        &self,
+        queue: &str,
+        envelope: &Envelope,
+        at: Option<DateTime<Utc>>,
+    ) -> Result<Vals, BrokerError> {
+        let now = self.broker.now();
+        let t = self.table();
+        if t.headers.is_none() && envelope.kind() != queue {
+            return Err(BrokerError::Backend(format!(
+                "table `{}` has no headers column to carry the kind `{}`: add a `#[field(headers)]` text column, or publish without a kind",
+                t.name,
+                envelope.kind()
+            )));
+        }
+        if t.group.is_none() && queue != &*self.default_group && queue != t.name {
+            return Err(BrokerError::UnknownQueue(format!(
+                "{queue} (table `{}` has no group column: its one queue is `{}`)",
+                t.name, self.default_group
+            )));
+        }
+        let h = envelope.headers();
+        let doc = HeaderDoc {
+            kind: (envelope.kind() != queue).then(|| envelope.kind().to_owned()),
+            job_id: Some(envelope.id().to_string()),
+            request_id: h.request_id.clone(),
+            trace: h.trace.clone(),
+            extra: h.extra.clone(),
+            ..HeaderDoc::default()
+        };
+        if t.payload.ty != ColumnType::Bytes && std::str::from_utf8(envelope.payload()).is_err() {
+            return Err(BrokerError::Backend(format!(
+                "table `{}` keeps payloads as text, and this payload is not UTF-8: use a `Vec<u8>` payload column",
+                t.name
+            )));
+        }
+        Ok(Vals {
+            group: Some(queue.to_owned()),
+            payload: envelope.payload().to_vec(),
+            due: Some(at.map_or(now - BACKDATE, |a| a.max(now))),
+            enqueued_at: Some(envelope.enqueued_at()),
+            headers: Some(doc.to_json()),
+            job_id: Some(envelope.id().to_string()),
+            ..Vals::default()
+        })
+    }
+
+    /// Publishes `job` into this table now, at its time, or after its delay; into
+    /// the route's group unless the job names its queue. Returns the job's id as
+    /// stored and whether it was stored (see [`Published`]): on a table whose id
+    /// the database generates and that has no headers column, the id is the new
+    /// row's; a job whose id is already in a text id column is not stored again.
+    pub async fn publish(&self, job: Job) -> Result<Published, BrokerError> {
+        stagedoor_jobs::broker::Publish::publish_job(self, job).await
+    }
+
+    /// Publishes `job` inside the caller's own transaction (pass `&mut *tx`): the
+    /// job exists if and only if that transaction commits. Returns what
+    /// [`publish`](Self::publish) returns.
+    pub async fn publish_in(
+        &self,
+        conn: &mut DB::Connection,
+        job: Job,
+    ) -> Result<Published, BrokerError> {
+        let stmts = Arc::clone(self.stmts()?);
+        let (queue, envelope, at) = job.into_parts(self.broker.now());
+        let v = self.encode_job(&queue, &envelope, at)?;
+        let rows = fetch_in::<DB>(conn, &stmts.insert_notify, &v, self.table()).await?;
+        let returned = returned_ids::<DB>(&rows)?;
+        self.broker.wake_all();
+        let mut out = reports(self.table(), &queue, &[&envelope], returned)?;
+        out.pop()
+            .ok_or_else(|| BrokerError::Backend("a publish of one job reported nothing".to_owned()))
+    }
+
+    pub(super) async fn publish_rows(
+        &self,
+        queue: &str,
+        jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
+    ) -> Result<Vec<Published>, BrokerError> {
+        let stmts = Arc::clone(self.stmts()?);
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut vals = Vec::with_capacity(jobs.len());
+        for (envelope, at) in &jobs {
+            vals.push(self.encode_job(queue, envelope, *at)?);
+        }
+        let mut returned = Vec::with_capacity(vals.len());
+        if let [v] = &vals[..] {
+            // One job: one statement (its NOTIFY included on Postgres).
+            let mut conn = acquire(self.pool()?).await?;
+            let rows = fetch_in::<DB>(&mut *conn, &stmts.insert_notify, v, self.table()).await?;
+            returned = returned_ids::<DB>(&rows)?;
+        } else {
+            let mut conn = acquire(self.pool()?).await?;
+            let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
+            if keyed_by_row(self.table()) {
+                // Each job's id is the row id the database generates: a statement per
+                // row tells which is which (a multi-row insert returns its ids in no
+                // promised order).
+                for v in &vals {
+                    let rows = fetch_in::<DB>(&mut *tx, &stmts.insert, v, self.table()).await?;
+                    returned.extend(returned_ids::<DB>(&rows)?);
+                }
+            } else {
+                // Multi-row inserts of up to MAX_ROWS rows, all in one transaction.
+                let mut rest = &vals[..];
+                for n in chunks(vals.len()) {
+                    let (chunk, more) = rest.split_at(n);
+                    rest = more;
+                    let (sql, template) = stmts.insert_many(n);
+                    let rows = DB::fetch(&mut tx, sql, params_rows(template, chunk, self.table()))
+                        .await
+                        .map_err(db_err)?;
+                    returned.extend(returned_ids::<DB>(&rows)?);
+                }
+            }
+            DB::notify(&self.broker, &mut tx, queue).await?;
+            tx.commit().await.map_err(db_err)?;
+        }
+        self.broker.wake_all();
+        let envelopes: Vec<&Envelope> = jobs.iter().map(|(e, _)| e).collect();
+        reports(self.table(), queue, &envelopes, returned)
+    }
+
+    /// [`Broker::publish_once`]: in one transaction, takes `guard` in `stagedoor_locks`
+    /// (a new row, or one whose `until_at` has passed) and inserts the job as
+    /// [`publish`](Broker::publish) does; when the guard is held, stores nothing.
+    pub(super) async fn publish_guarded(
+        &self,
+        queue: &str,
+        job: (Envelope, Option<DateTime<Utc>>),
+        guard: &str,
+        ttl: Duration,
+    ) -> Result<Published, BrokerError> {
+        let stmts = Arc::clone(self.stmts()?);
+        let (envelope, at) = job;
+        let v = self.encode_job(queue, &envelope, at)?;
+        let pool = self.pool()?;
+        ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
+        let mut conn = acquire(pool).await?;
+        let now = self.broker.now();
+        let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
+        let taken = take_lock::<DB>(&mut tx, guard, envelope.id().as_str(), until, now).await?;
+        if !taken {
+            tx.rollback().await.map_err(db_err)?;
+            return Ok(Published::already_there(envelope.id().clone()));
+        }
+        let rows = fetch_in::<DB>(&mut *tx, &stmts.insert_notify, &v, self.table()).await?;
+        let returned = returned_ids::<DB>(&rows)?;
+        tx.commit().await.map_err(db_err)?;
+        self.broker.wake_all();
+        let mut out = reports(self.table(), queue, &[&envelope], returned)?;
+        out.pop()
+            .ok_or_else(|| BrokerError::Backend("a publish of one job reported nothing".to_owned()))
+    }
+}
