@@ -74,6 +74,12 @@ pub(crate) mod sealed {
             conn: &'c mut Self::Connection,
         ) -> impl Future<Output = Result<DateTime<Utc>, BrokerError>> + Send + 'c;
 
+        /// Column `i` of `row` read as a timestamp from its stored form, where the driver's own
+        /// decoding cannot be trusted with every value: `None` to use the driver's decoding
+        /// (the column is NULL or not of such a type); `Err` with the value as shown in a
+        /// message when chrono cannot hold it.
+        fn stored_time(row: &Self::Row, i: usize) -> Option<Result<DateTime<Utc>, String>>;
+
         /// Whether the database may give a new row of `table` the id of a deleted one: SQLite
         /// does for an integer row id not declared `AUTOINCREMENT`; Postgres never does.
         /// `None` when the table's declaration cannot be read.
@@ -123,9 +129,6 @@ pub(crate) mod sealed {
         fn bytes(row: &Self::Row, i: usize) -> Result<Option<Vec<u8>>, sqlx::Error>;
         /// Column `i` as a timestamp (the driver's own decoding).
         fn time(row: &Self::Row, i: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error>;
-        /// Column `i`'s stored bytes read as an `i64` whatever its type (a Postgres
-        /// `timestamptz` is its microseconds since 2000).
-        fn raw_int(row: &Self::Row, i: usize) -> Result<i64, sqlx::Error>;
         /// Whether column `i` is NULL; `Err` when there is no such column.
         fn is_null(row: &Self::Row, i: usize) -> Result<bool, sqlx::Error>;
         /// The name of column `i`'s type as the database gives it (`TIMESTAMPTZ`, `TEXT`).
@@ -167,7 +170,6 @@ pub(crate) mod sealed {
         Option<Vec<u8>>: for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
         Option<DateTime<Utc>>:
             sqlx::Encode<'static, DB> + for<'r> sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-        i64: for<'r> sqlx::Decode<'r, DB>,
     {
         fn run<'c>(
             conn: &'c mut Self::Connection,
@@ -227,10 +229,6 @@ pub(crate) mod sealed {
 
         fn time(row: &Self::Row, i: usize) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
             row.try_get(i)
-        }
-
-        fn raw_int(row: &Self::Row, i: usize) -> Result<i64, sqlx::Error> {
-            row.try_get_unchecked(i)
         }
 
         fn is_null(row: &Self::Row, i: usize) -> Result<bool, sqlx::Error> {

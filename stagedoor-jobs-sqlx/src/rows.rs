@@ -10,7 +10,7 @@ use stagedoor_jobs::inbox::{ColumnType, Table};
 use crate::dialect::db_err;
 use crate::dialect::sealed::{Driver, Value};
 use crate::receipt::IdValue;
-use crate::sql::{Flavor, P, Stmt};
+use crate::sql::{P, Stmt};
 
 /// The values one statement may bind.
 #[derive(Default)]
@@ -117,13 +117,8 @@ pub(crate) fn shown<DB: Driver>(row: &DB::Row, i: usize) -> String {
         Ok(true) => return "NULL".to_owned(),
         Ok(false) => {}
     }
-    let ty = DB::type_name(row, i).unwrap_or_default();
-    if DB::FLAVOR == Flavor::Postgres && ty == "TIMESTAMPTZ" {
-        return match DB::raw_int(row, i) {
-            Ok(i64::MAX) => "'infinity'".to_owned(),
-            Ok(i64::MIN) => "'-infinity'".to_owned(),
-            _ => "a timestamp out of range".to_owned(),
-        };
+    if let Some(stored) = DB::stored_time(row, i) {
+        return stored.map_or_else(|shown| shown, |t| format!("'{}'", t.to_rfc3339()));
     }
     if let Ok(Some(s)) = DB::text(row, i) {
         return format!("'{}'", shorten(&s));
@@ -137,12 +132,13 @@ pub(crate) fn shown<DB: Driver>(row: &DB::Row, i: usize) -> String {
     if let Ok(Some(b)) = DB::bytes(row, i) {
         return shorten_bytes(&b);
     }
+    let ty = DB::type_name(row, i).unwrap_or_default();
     format!("a value of type {ty}")
 }
 
 /// Column `i` of `row` as a timestamp; `Err` with the value shown when it is not one chrono
-/// can hold. Postgres timestamps are read from their stored microseconds (the driver's own
-/// conversion panics on `infinity`).
+/// can hold. Read from its stored form where the driver's own decoding cannot be trusted with
+/// every value (Postgres: `infinity`; see `Sealed::stored_time`).
 pub(crate) fn time_at<DB: Driver>(
     row: &DB::Row,
     i: usize,
@@ -150,11 +146,8 @@ pub(crate) fn time_at<DB: Driver>(
     if DB::is_null(row, i).map_err(|e| e.to_string())? {
         return Ok(None);
     }
-    if DB::FLAVOR == Flavor::Postgres && DB::type_name(row, i).is_ok_and(|t| t == "TIMESTAMPTZ") {
-        return match DB::raw_int(row, i).ok().and_then(pg_time) {
-            Some(t) => Ok(Some(t)),
-            None => Err(shown::<DB>(row, i)),
-        };
+    if let Some(stored) = DB::stored_time(row, i) {
+        return stored.map(Some);
     }
     match DB::time(row, i) {
         Ok(Some(t)) => Ok(Some(t)),
@@ -265,17 +258,6 @@ pub(crate) fn shorten_bytes(bytes: &[u8]) -> String {
     }
 }
 
-/// A Postgres `timestamptz` as stored (microseconds since 2000-01-01 UTC), if chrono can hold
-/// it: `infinity`, `-infinity` and the years beyond chrono's range cannot.
-pub(crate) fn pg_time(micros: i64) -> Option<DateTime<Utc>> {
-    const PG_EPOCH: i64 = 946_684_800;
-    let secs = PG_EPOCH.checked_add(micros.div_euclid(1_000_000))?;
-    let nanos = u32::try_from(micros.rem_euclid(1_000_000))
-        .ok()?
-        .checked_mul(1_000)?;
-    DateTime::from_timestamp(secs, nanos)
-}
-
 /// What column `column` of `table` holds that cannot be read, and the fix.
 pub(crate) fn unreadable(table: &Table, column: &str, value: &str, role: Role) -> String {
     let (expected, fix) = match role {
@@ -328,20 +310,6 @@ mod tests {
         assert_eq!(attempt_number(Some(i64::MAX), 1), MAX_ATTEMPT);
         assert_eq!(attempt_number(Some(-1), 0), 0, "a dead letter spent none");
         assert_eq!(attempt_number(Some(4_294_967_296), 0), MAX_ATTEMPT);
-    }
-
-    #[test]
-    fn postgres_timestamps_outside_chrono_are_none_not_a_panic() {
-        assert_eq!(pg_time(i64::MAX), None, "infinity");
-        assert_eq!(pg_time(i64::MIN), None, "-infinity");
-        assert_eq!(
-            pg_time(0).map(|t| t.to_rfc3339()),
-            Some("2000-01-01T00:00:00+00:00".to_owned())
-        );
-        assert_eq!(
-            pg_time(-1).map(|t| t.to_rfc3339()),
-            Some("1999-12-31T23:59:59.999999+00:00".to_owned())
-        );
     }
 
     #[test]

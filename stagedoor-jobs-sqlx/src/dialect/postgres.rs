@@ -58,6 +58,25 @@ impl Sealed for sqlx::Postgres {
             .map_err(db_err)
     }
 
+    /// A `timestamptz` read from its stored microseconds: sqlx's own conversion panics on
+    /// `infinity`.
+    fn stored_time(row: &sqlx::postgres::PgRow, i: usize) -> Option<Result<DateTime<Utc>, String>> {
+        use sqlx::{Row as _, TypeInfo as _, ValueRef as _};
+        let raw = row.try_get_raw(i).ok()?;
+        if raw.is_null() || raw.type_info().name() != "TIMESTAMPTZ" {
+            return None;
+        }
+        let micros = row.try_get_unchecked::<i64, _>(i).ok();
+        Some(micros.and_then(pg_time).ok_or_else(|| {
+            match micros {
+                Some(i64::MAX) => "'infinity'",
+                Some(i64::MIN) => "'-infinity'",
+                _ => "a timestamp out of range",
+            }
+            .to_owned()
+        }))
+    }
+
     async fn reuses_ids<'c>(_conn: &'c mut sqlx::PgConnection, _table: &'c Table) -> Option<bool> {
         Some(false)
     }
@@ -191,5 +210,35 @@ async fn listen(broker: SqlxBroker<sqlx::Postgres>, pool: sqlx::PgPool) {
             }
         }
         wait = (wait * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// A Postgres `timestamptz` as stored (microseconds since 2000-01-01 UTC), if chrono can hold
+/// it: `infinity`, `-infinity` and the years beyond chrono's range cannot.
+fn pg_time(micros: i64) -> Option<DateTime<Utc>> {
+    const PG_EPOCH: i64 = 946_684_800;
+    let secs = PG_EPOCH.checked_add(micros.div_euclid(1_000_000))?;
+    let nanos = u32::try_from(micros.rem_euclid(1_000_000))
+        .ok()?
+        .checked_mul(1_000)?;
+    DateTime::from_timestamp(secs, nanos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_timestamps_outside_chrono_are_none_not_a_panic() {
+        assert_eq!(pg_time(i64::MAX), None, "infinity");
+        assert_eq!(pg_time(i64::MIN), None, "-infinity");
+        assert_eq!(
+            pg_time(0).map(|t| t.to_rfc3339()),
+            Some("2000-01-01T00:00:00+00:00".to_owned())
+        );
+        assert_eq!(
+            pg_time(-1).map(|t| t.to_rfc3339()),
+            Some("1999-12-31T23:59:59.999999+00:00".to_owned())
+        );
     }
 }

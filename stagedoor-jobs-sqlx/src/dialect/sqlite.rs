@@ -56,6 +56,14 @@ impl Sealed for sqlx::Sqlite {
             })
     }
 
+    /// The driver decodes every timestamp SQLite holds (RFC 3339 text) or refuses it.
+    fn stored_time(
+        _row: &sqlx::sqlite::SqliteRow,
+        _i: usize,
+    ) -> Option<Result<DateTime<Utc>, String>> {
+        None
+    }
+
     /// Whether `table`'s integer row id is declared without `AUTOINCREMENT` (SQLite then
     /// gives a new row the id of the deleted row with the highest id).
     async fn reuses_ids<'c>(
