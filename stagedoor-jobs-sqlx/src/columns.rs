@@ -26,9 +26,15 @@
 //!   PRIMARY KEY` is not one) or a `DEFAULT`. A generated attempt needs a default too; the
 //!   lease column must be nullable; any other column a publish leaves out must be nullable or
 //!   have a default.
+//!
+//! This file holds the comparison shared by both databases and the roles' checks that do not
+//! depend on the database; `columns/postgres.rs` and `columns/sqlite.rs` read each database's
+//! catalog and hold its type rules.
 
-use sqlx::Row as _;
 use stagedoor_jobs::inbox::{Column, ColumnType, Table};
+
+mod postgres;
+mod sqlite;
 
 /// One column as the database declares it.
 #[derive(Clone, Debug)]
@@ -69,97 +75,6 @@ pub trait Introspect: sqlx::Database + crate::dialect::sealed::Sealed {
     ) -> impl std::future::Future<Output = Result<Layout, sqlx::Error>> + Send;
 }
 
-impl Introspect for sqlx::Postgres {
-    async fn layout(pool: &sqlx::PgPool, table: &Table) -> Result<Layout, sqlx::Error> {
-        // `to_regclass` resolves the name as the statements do (the search path, or the
-        // schema given); NULL, and no rows, when there is no such table.
-        let rows = sqlx::query(
-            "SELECT CAST(a.attname AS TEXT) AS name, \
-                    format_type(a.atttypid, a.atttypmod) AS declared, \
-                    CAST(CASE WHEN t.typtype = 'd' THEN b.typname ELSE t.typname END AS TEXT) AS base, \
-                    a.attnotnull AS not_null, \
-                    (a.atthasdef OR a.attidentity <> '') AS has_default \
-             FROM pg_catalog.pg_attribute a \
-             JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
-             LEFT JOIN pg_catalog.pg_type b ON b.oid = t.typbasetype \
-             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
-             ORDER BY a.attnum",
-        )
-        .bind(table.qualified())
-        .fetch_all(pool)
-        .await?;
-        let columns = rows
-            .iter()
-            .map(|r| {
-                Ok(Found {
-                    name: r.try_get("name")?,
-                    declared: r.try_get("declared")?,
-                    base: r
-                        .try_get::<Option<String>, _>("base")?
-                        .unwrap_or_default()
-                        .to_ascii_lowercase(),
-                    not_null: r.try_get("not_null")?,
-                    has_default: r.try_get("has_default")?,
-                    pk: 0,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        Ok(Layout {
-            columns,
-            rowid: false,
-        })
-    }
-}
-
-impl Introspect for sqlx::Sqlite {
-    async fn layout(pool: &sqlx::SqlitePool, table: &Table) -> Result<Layout, sqlx::Error> {
-        // The names passed `validate`: plain identifiers, quoted.
-        let prefix = table.schema.map_or(String::new(), |s| format!("\"{s}\"."));
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "PRAGMA {prefix}table_info(\"{}\")",
-            table.name
-        )))
-        .fetch_all(pool)
-        .await?;
-        let columns = rows
-            .iter()
-            .map(|r| {
-                let declared: String = r.try_get("type")?;
-                Ok(Found {
-                    name: r.try_get("name")?,
-                    base: declared.to_ascii_uppercase(),
-                    declared,
-                    not_null: r.try_get::<i64, _>("notnull")? != 0,
-                    has_default: r.try_get::<Option<String>, _>("dflt_value")?.is_some(),
-                    pk: r.try_get("pk")?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        let master = match table.schema {
-            Some(s) => format!("\"{s}\".sqlite_master"),
-            None => "sqlite_master".to_owned(),
-        };
-        let ddl: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT sql FROM {master} WHERE type = 'table' AND name = $1"
-        )))
-        .bind(table.name)
-        .fetch_optional(pool)
-        .await?
-        .flatten();
-        let rowid = ddl.is_none_or(|d| {
-            let words: Vec<String> = d
-                .split(|c: char| c.is_whitespace() || c == ')')
-                .filter(|w| !w.is_empty())
-                .map(str::to_ascii_uppercase)
-                .collect();
-            !words
-                .windows(2)
-                .any(|w| w[0] == "WITHOUT" && w[1] == "ROWID")
-        });
-        Ok(Layout { columns, rowid })
-    }
-}
-
 /// Every problem of `table`'s column types, each naming the column; none when the table
 /// cannot be read (the statements' preparation reports a missing table). A column missing
 /// altogether is a problem too (named here, with the others, instead of by the database's
@@ -192,43 +107,6 @@ async fn checked<DB: Introspect>(
         Err(e) => {
             tracing::warn!(table = table.name, error = %e, "cannot read the table's columns; checking its statements only");
             Vec::new()
-        }
-    }
-}
-
-/// SQLite's type affinity of a declared type (the rules of section 3.1 of its datatype page).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Affinity {
-    Integer,
-    Text,
-    Blob,
-    Real,
-    Numeric,
-}
-
-impl Affinity {
-    fn of(declared_upper: &str) -> Self {
-        let t = declared_upper;
-        if t.contains("INT") {
-            Affinity::Integer
-        } else if t.contains("CHAR") || t.contains("CLOB") || t.contains("TEXT") {
-            Affinity::Text
-        } else if t.contains("BLOB") || t.trim().is_empty() {
-            Affinity::Blob
-        } else if t.contains("REAL") || t.contains("FLOA") || t.contains("DOUB") {
-            Affinity::Real
-        } else {
-            Affinity::Numeric
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Affinity::Integer => "INTEGER",
-            Affinity::Text => "TEXT",
-            Affinity::Blob => "BLOB",
-            Affinity::Real => "REAL",
-            Affinity::Numeric => "NUMERIC",
         }
     }
 }
@@ -323,8 +201,8 @@ pub(crate) fn compare(
             continue;
         };
         let problem = match flavor {
-            crate::sql::Flavor::Postgres => postgres(&t, r, found),
-            crate::sql::Flavor::Sqlite => sqlite(r, found, layout),
+            crate::sql::Flavor::Postgres => postgres::problem(&t, r, found),
+            crate::sql::Flavor::Sqlite => sqlite::problem(r, found, layout),
         };
         if let Some(p) = problem {
             problems.push(p);
@@ -370,7 +248,7 @@ pub(crate) fn compare(
             continue;
         }
         // An SQLite `INTEGER PRIMARY KEY` is the row id, filled on insert.
-        if flavor == crate::sql::Flavor::Sqlite && is_rowid(f, layout) {
+        if flavor == crate::sql::Flavor::Sqlite && sqlite::is_rowid(f, layout) {
             continue;
         }
         let why = match roles.iter().find(|r| r.column.name == f.name) {
@@ -393,233 +271,6 @@ pub(crate) fn compare(
     problems
 }
 
-/// Whether `f` is SQLite's row id: declared exactly `INTEGER`, the whole primary key, in a
-/// table with row ids.
-fn is_rowid(f: &Found, layout: &Layout) -> bool {
-    layout.rowid
-        && f.base.trim() == "INTEGER"
-        && f.pk == 1
-        && layout.columns.iter().filter(|c| c.pk > 0).count() == 1
-}
-
-const PG_INTEGERS: [&str; 3] = ["int2", "int4", "int8"];
-const PG_TEXTS: [&str; 5] = ["text", "varchar", "bpchar", "citext", "name"];
-
-fn postgres(t: &str, r: &Role, f: &Found) -> Option<String> {
-    let base = f.base.as_str();
-    let c = ident(&f.name);
-    let head = format!(
-        "column `{}` (the `{}` field, {}) is `{}`",
-        f.name,
-        r.role,
-        rust(r),
-        f.declared
-    );
-    let text_like = PG_TEXTS.contains(&base);
-    match r.column.ty {
-        ColumnType::Integer => {
-            // A `numeric` counter works too (it is incremented and read as `bigint`).
-            let fits = PG_INTEGERS.contains(&base) || (r.role == "attempt" && base == "numeric");
-            if !fits {
-                return Some(if r.role == "id" {
-                    format!(
-                        "{head}, expected an integer column the database fills (`bigint` with a default: `BIGINT GENERATED BY DEFAULT AS IDENTITY` or `BIGSERIAL`): {}",
-                        if text_like {
-                            format!(
-                                "declare the field `#[field(id)] id: String` (an id the publisher mints; keep `generated` only if the column has a default), or recreate the column as `{c} BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY`"
-                            )
-                        } else {
-                            format!(
-                                "recreate the column as `{c} BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY`"
-                            )
-                        }
-                    )
-                } else {
-                    format!(
-                        "{head}, expected `smallint`, `integer` or `bigint`: the attempt counter is incremented and compared as an integer; ALTER TABLE {t} ALTER COLUMN {c} TYPE INTEGER USING CAST({c} AS INTEGER)"
-                    )
-                });
-            }
-            if r.column.generated && !f.has_default {
-                return Some(format!(
-                    "{head} without a default, but the field is `generated`: a publish leaves it out and the database must fill it; {}",
-                    if r.role == "id" {
-                        format!(
-                            "ALTER TABLE {t} ALTER COLUMN {c} ADD GENERATED BY DEFAULT AS IDENTITY"
-                        )
-                    } else {
-                        format!("ALTER TABLE {t} ALTER COLUMN {c} SET DEFAULT 1")
-                    }
-                ));
-            }
-        }
-        ColumnType::Text => {
-            if !text_like {
-                let reason = match base {
-                    "json" | "jsonb" => format!(
-                        "the backend binds and reads it as text, and a `{base}` column takes no text parameter"
-                    ),
-                    "uuid" => "the backend binds the id as text, and a `uuid` column takes no text parameter".to_owned(),
-                    _ => "the backend binds and reads it as text".to_owned(),
-                };
-                let also = if r.role == "payload" && base == "bytea" {
-                    ", or declare the field as `Vec<u8>`"
-                } else {
-                    ""
-                };
-                return Some(format!(
-                    "{head}, expected `text` (or `varchar`): {reason}; ALTER TABLE {t} ALTER COLUMN {c} TYPE TEXT{}{also}",
-                    if base == "bytea" {
-                        format!(" USING convert_from({c}, 'UTF8')")
-                    } else {
-                        String::new()
-                    }
-                ));
-            }
-            if r.column.generated && !f.has_default {
-                return Some(format!(
-                    "{head} without a default, but the field is `generated`: a publish leaves it out and the database must fill it; ALTER TABLE {t} ALTER COLUMN {c} SET DEFAULT CAST(gen_random_uuid() AS TEXT), or drop `generated` (the publisher mints the id)"
-                ));
-            }
-        }
-        ColumnType::Bytes => {
-            if base != "bytea" {
-                let using = if text_like {
-                    format!(" USING convert_to({c}, 'UTF8')")
-                } else {
-                    String::new()
-                };
-                let also = if text_like {
-                    ", or declare the field as `String` (JSON text)"
-                } else {
-                    ""
-                };
-                let stored = if text_like {
-                    "as hex text (`\\x7b22..`), which no claim reads back as the payload"
-                } else {
-                    "as something no claim reads back"
-                };
-                return Some(format!(
-                    "{head}, expected `bytea`: the backend binds the payload as bytes, which a `{}` column stores {stored}; ALTER TABLE {t} ALTER COLUMN {c} TYPE BYTEA{using}{also}",
-                    f.declared
-                ));
-            }
-        }
-        ColumnType::Timestamp => {
-            if base != "timestamptz" {
-                let (reason, using) = match base {
-                    "timestamp" => (
-                        "sqlx reads a `DateTime<Utc>` only from `timestamptz`, so every claim would fail with \"mismatched types\"",
-                        format!(" USING {c} AT TIME ZONE 'UTC'"),
-                    ),
-                    "int2" | "int4" | "int8" | "numeric" | "float4" | "float8" => (
-                        "the backend compares it with and writes `timestamptz` values",
-                        format!(" USING to_timestamp({c})"),
-                    ),
-                    _ => (
-                        "the backend compares it with and writes `timestamptz` values",
-                        format!(" USING CAST({c} AS TIMESTAMPTZ)"),
-                    ),
-                };
-                return Some(format!(
-                    "{head}, expected `timestamptz` (`timestamp with time zone`): {reason}; ALTER TABLE {t} ALTER COLUMN {c} TYPE TIMESTAMPTZ{using}"
-                ));
-            }
-        }
-    }
-    None
-}
-
-fn sqlite(r: &Role, f: &Found, layout: &Layout) -> Option<String> {
-    let affinity = Affinity::of(&f.base);
-    let declared = if f.declared.trim().is_empty() {
-        "(no type)".to_owned()
-    } else {
-        f.declared.clone()
-    };
-    let head = format!(
-        "column `{}` (the `{}` field, {}) is `{declared}` ({} affinity)",
-        f.name,
-        r.role,
-        rust(r),
-        affinity.name()
-    );
-    let recreate = |decl: &str| {
-        format!(
-            "SQLite cannot change a column's type: recreate the table with `{} {decl}`",
-            f.name
-        )
-    };
-    match r.column.ty {
-        ColumnType::Integer if r.role == "id" && r.column.generated => {
-            if affinity == Affinity::Text || affinity == Affinity::Real {
-                return Some(format!(
-                    "{head}, expected `INTEGER PRIMARY KEY` (the row id, filled on insert): the id is read back as an integer; {}, or declare the field `#[field(id)] id: String` (an id the publisher mints)",
-                    recreate("INTEGER PRIMARY KEY")
-                ));
-            }
-            if !is_rowid(f, layout) && !f.has_default {
-                return Some(format!(
-                    "{head}, expected `INTEGER PRIMARY KEY`: the field is `generated`, but SQLite fills only a column declared exactly `INTEGER PRIMARY KEY` (the row id; `INT` or `BIGINT PRIMARY KEY` is not one), and this one has no default, so every published row would get no id; {}",
-                    recreate("INTEGER PRIMARY KEY")
-                ));
-            }
-        }
-        ColumnType::Integer => {
-            if affinity == Affinity::Text {
-                return Some(format!(
-                    "{head}, expected `INTEGER`: SQLite compares the values of a TEXT column as text ('10' < '9'), so the attempt counter would misorder; {}",
-                    recreate("INTEGER NOT NULL DEFAULT 1")
-                ));
-            }
-            if r.column.generated && !f.has_default {
-                return Some(format!(
-                    "{head} without a default, but the field is `generated`: a publish leaves it out and the database must fill it; {}",
-                    recreate("INTEGER NOT NULL DEFAULT 1")
-                ));
-            }
-        }
-        ColumnType::Text => {
-            if !matches!(affinity, Affinity::Text | Affinity::Blob) {
-                return Some(format!(
-                    "{head}, expected `TEXT`: SQLite stores text that looks like a number (\"42\") as a number in a column of {} affinity, and it no longer reads back as text; {}",
-                    affinity.name(),
-                    recreate("TEXT")
-                ));
-            }
-            if r.column.generated && !f.has_default {
-                return Some(format!(
-                    "{head} without a default, but the field is `generated`: a publish leaves it out and the database must fill it; recreate the table with a DEFAULT for `{}`, or drop `generated` (the publisher mints the id)",
-                    f.name
-                ));
-            }
-        }
-        ColumnType::Bytes => {
-            if affinity != Affinity::Blob {
-                return Some(format!(
-                    "{head}, expected `BLOB`: the payload is bytes, kept as BLOB values in a column declared `{declared}`, which readers going by the declared type (the stagedoor-jobs CLI among them) take for {}; {}, or declare the field as `String` (JSON text)",
-                    if affinity == Affinity::Text {
-                        "text"
-                    } else {
-                        "numbers"
-                    },
-                    recreate("BLOB")
-                ));
-            }
-        }
-        ColumnType::Timestamp => {
-            if matches!(affinity, Affinity::Integer | Affinity::Real) {
-                return Some(format!(
-                    "{head}, expected `TEXT` (or `DATETIME`): the backend writes timestamps as RFC 3339 text, which a column of {} affinity keeps beside the numbers other programs write, and SQLite orders every number before any text, so due times would misorder; {}",
-                    affinity.name(),
-                    recreate("TEXT")
-                ));
-            }
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -633,23 +284,6 @@ mod tests {
             not_null,
             has_default,
             pk: 0,
-        }
-    }
-
-    #[test]
-    fn sqlite_affinity() {
-        for (t, a) in [
-            ("INTEGER", Affinity::Integer),
-            ("BIGINT", Affinity::Integer),
-            ("TEXT", Affinity::Text),
-            ("VARCHAR(20)", Affinity::Text),
-            ("BLOB", Affinity::Blob),
-            ("", Affinity::Blob),
-            ("DOUBLE PRECISION", Affinity::Real),
-            ("DATETIME", Affinity::Numeric),
-            ("TIMESTAMP", Affinity::Numeric),
-        ] {
-            assert_eq!(Affinity::of(t), a, "{t}");
         }
     }
 

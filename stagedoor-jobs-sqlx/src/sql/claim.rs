@@ -1,0 +1,179 @@
+//! The statements of a claim: the claim itself (bounded by a due time on Postgres, the strays
+//! on SQLite), the lease's renewal and when the next row becomes claimable.
+
+use super::{Flavor, Names, P, Stmt, fence};
+
+/// The number of the delivery a claim of a row makes, from its `attempt` column `a` (the number
+/// of its next delivery): the stored count clamped to `1..=MAX_ATTEMPT`. A count below 1 (a
+/// hand-edited zero or negative, NULL, on SQLite a text) is a first delivery, so it can never get
+/// around a cap; a count above the ceiling (an `INTEGER` column edited by hand) is the ceiling.
+fn delivery_of(a: &str, flavor: Flavor) -> String {
+    let max = stagedoor_jobs::broker::MAX_ATTEMPT;
+    match flavor {
+        Flavor::Postgres => {
+            format!("LEAST(GREATEST(COALESCE(CAST({a} AS BIGINT), 1), 1), {max})")
+        }
+        // SQLite's scalar MIN/MAX return NULL when an argument is NULL; CAST turns a text into
+        // the integer it starts with (0 for none).
+        Flavor::Sqlite => format!("MIN(MAX(COALESCE(CAST({a} AS INTEGER), 1), 1), {max})"),
+    }
+}
+
+/// The value a claim writes into the `attempt` column `a`: the next delivery's number,
+/// saturating at `MAX_ATTEMPT`, so that it fits a `SMALLINT` column and never stops a claim.
+fn next_of(a: &str, flavor: Flavor) -> String {
+    let max = stagedoor_jobs::broker::MAX_ATTEMPT;
+    let d = delivery_of(a, flavor);
+    match flavor {
+        Flavor::Postgres => format!("LEAST({d} + 1, {max})"),
+        Flavor::Sqlite => format!("MIN({d} + 1, {max})"),
+    }
+}
+
+/// The claim statements of a table (see the fields of the same names in
+/// [`Statements`](super::Statements)).
+pub(super) struct Claims {
+    pub(super) claim: Stmt,
+    pub(super) claim_from: Stmt,
+    pub(super) claim_strays: Stmt,
+    pub(super) next_due: Stmt,
+    pub(super) next_due_from: Stmt,
+    pub(super) renew: Stmt,
+}
+
+pub(super) fn build(n: &Names) -> Claims {
+    let (t, locked, due) = (&n.t, &n.locked, &n.due);
+    let claim = build_claim(n, false, false);
+    let bounded = n.flavor == Flavor::Postgres && due.is_some() && !n.table.fifo;
+    let claim_from = if bounded {
+        build_claim(n, true, false)
+    } else {
+        Stmt::default()
+    };
+    let claim_strays = if n.flavor == Flavor::Sqlite && due.is_some() {
+        build_claim(n, false, true)
+    } else {
+        Stmt::default()
+    };
+
+    let mut renew = Stmt::default();
+    {
+        let new = renew.p(P::NewLease);
+        let idc = n.id_cond(&mut renew);
+        let f = fence(&mut renew, locked);
+        renew.sql = format!("UPDATE {t} SET {locked} = {new} WHERE {idc} AND {f}");
+    }
+
+    // When the next row becomes claimable: a waiting row at its due time, a claimed one when
+    // its lease ends (its worker may have died).
+    let mut next_due = Stmt::default();
+    {
+        let gc = n.group_cond(&mut next_due);
+        let when = match due {
+            Some(d) => format!("CASE WHEN {locked} IS NULL THEN {d} ELSE {locked} END"),
+            None => locked.clone(),
+        };
+        next_due.sql = format!("SELECT MIN({when}) FROM {t} WHERE {gc}");
+    }
+    let mut next_due_from = Stmt::default();
+    if let (Some(d), true) = (due, bounded) {
+        let s = &mut next_due_from;
+        let gc = n.group_cond(s);
+        let f = s.p(P::Floor);
+        s.sql = format!(
+            "SELECT MIN(CASE WHEN {locked} IS NULL THEN {d} ELSE {locked} END) FROM {t} WHERE {gc} AND {d} >= {f}"
+        );
+    }
+
+    Claims {
+        claim,
+        claim_from,
+        claim_strays,
+        next_due,
+        next_due_from,
+        renew,
+    }
+}
+
+/// The claim: lease and count in one statement; returns the delivery's number (the stored
+/// count before the claim, clamped: see [`delivery_of`]), which the batch carries out of
+/// its pick, since `RETURNING` sees the row as updated. The counter saturates at
+/// `MAX_ATTEMPT` ([`next_of`]): a `SMALLINT` column never overflows, a claim never fails
+/// on it. The batch is picked in a `MATERIALIZED` CTE, which runs once whatever the plan:
+/// on Postgres, `WHERE id IN (SELECT .. LIMIT n FOR UPDATE SKIP LOCKED)` lets the planner
+/// pick a nested-loop semi join that runs the subquery again for every outer row, each
+/// run skipping the rows the last one locked, so that the claim leases far more than `n`
+/// rows (seen with statistics that say the table is nearly empty: a worked-off queue
+/// after ANALYZE). SQLite has one writer and computes the CTE once, before the update.
+///
+/// `floor`: bounded below by a due time ([`P::Floor`]); `strays`: the rows whose due time is no
+/// timestamp (SQLite).
+fn build_claim(n: &Names, floor: bool, strays: bool) -> Stmt {
+    let (t, id, locked, group, due) = (&n.t, &n.id, &n.locked, &n.group, &n.due);
+    let (table, flavor) = (&n.table, n.flavor);
+    let mut claim = Stmt::default();
+    let lease = claim.p(P::NewLease);
+    let g = claim.p(P::Group);
+    // `now` is bound only where a condition reads it (a table without `retry_after`
+    // and FIFO reads none: an unused parameter has no type Postgres can infer).
+    let reclaim = claim.p(P::Reclaim);
+    let mut cond = vec![format!("({locked} IS NULL OR {locked} <= {reclaim})")];
+    if let Some(gc) = group {
+        cond.push(format!("{gc} = {g}"));
+    } else {
+        cond.push(format!("CAST({g} AS TEXT) IS NOT NULL"));
+    }
+    if let Some(d) = due {
+        if strays {
+            // On SQLite, a text sorting at or after ':' (just after '9') is no
+            // timestamp (those start with a digit or a sign), nor is a blob: such a
+            // row would never be due and never read.
+            cond.push(format!("{d} >= ':'"));
+        } else {
+            let now = claim.p(P::Now);
+            cond.push(format!("{d} <= {now}"));
+        }
+        if floor {
+            let f = claim.p(P::Floor);
+            cond.push(format!("{d} >= {f}"));
+        }
+    }
+    if let (Some(gc), true) = (group, table.fifo) {
+        let now = claim.p(P::Now);
+        cond.push(format!(
+            "NOT EXISTS (SELECT 1 FROM {t} AS busy WHERE busy.{gc} = {g} AND busy.{locked} > {now})"
+        ));
+    }
+    let limit = if table.fifo {
+        "1".to_owned()
+    } else {
+        claim.p(P::Limit)
+    };
+    let order = due.as_ref().map_or(id.clone(), |d| format!("{d}, {id}"));
+    let bump = n
+        .attempt
+        .as_ref()
+        .map_or(String::new(), |a| format!(", {a} = {}", next_of(a, flavor)));
+    let delivery = n
+        .attempt
+        .as_ref()
+        .map_or("CAST(1 AS BIGINT)".to_owned(), |a| {
+            format!("CAST({} AS BIGINT)", delivery_of(a, flavor))
+        });
+    let returned = n.reads(
+        "(SELECT stagedoor_attempt FROM stagedoor_batch WHERE stagedoor_id = {id})"
+            .replace("{id}", id),
+    );
+    let lock = match flavor {
+        Flavor::Postgres => " FOR UPDATE SKIP LOCKED",
+        Flavor::Sqlite => "",
+    };
+    let pick = format!(
+        "SELECT {id} AS stagedoor_id, {delivery} AS stagedoor_attempt FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}{lock}",
+        cond.join(" AND ")
+    );
+    claim.sql = format!(
+        "WITH stagedoor_batch AS MATERIALIZED ({pick}) UPDATE {t} SET {locked} = {lease}{bump} WHERE {id} IN (SELECT stagedoor_id FROM stagedoor_batch) RETURNING {returned}"
+    );
+    claim
+}

@@ -1,0 +1,86 @@
+//! The statements of inspection and of the dead letters' care within a table: a group's
+//! counts, its listing, a replay back to the origin group, a purge.
+
+use super::{Names, P, Stmt, col};
+
+/// The inspecting statements of a table (see the fields of the same names in
+/// [`Statements`](super::Statements)).
+pub(super) struct Inspects {
+    pub(super) stats: Stmt,
+    pub(super) list: Stmt,
+    pub(super) replay_group: Stmt,
+    pub(super) purge: Stmt,
+}
+
+pub(super) fn build(n: &Names) -> Inspects {
+    let (t, id, locked, due) = (&n.t, &n.id, &n.locked, &n.due);
+
+    let mut stats = Stmt::default();
+    {
+        let s = &mut stats;
+        let gc = n.group_cond(s);
+        let now = s.p(P::Now);
+        let free = format!("({locked} IS NULL OR {locked} <= {now})");
+        let (ready, delayed, oldest) = match due {
+            Some(d) => (
+                format!("{free} AND {d} <= {now}"),
+                format!("{free} AND {d} > {now}"),
+                format!("MIN(CASE WHEN {free} AND {d} <= {now} THEN {d} END)"),
+            ),
+            None => (free.clone(), "1 = 0".to_owned(), "NULL".to_owned()),
+        };
+        s.sql = format!(
+            "SELECT CAST(COALESCE(SUM(CASE WHEN {ready} THEN 1 ELSE 0 END), 0) AS BIGINT), CAST(COALESCE(SUM(CASE WHEN {locked} > {now} THEN 1 ELSE 0 END), 0) AS BIGINT), CAST(COALESCE(SUM(CASE WHEN {delayed} THEN 1 ELSE 0 END), 0) AS BIGINT), {oldest} FROM {t} WHERE {gc}"
+        );
+    }
+
+    let mut list = Stmt::default();
+    {
+        let gc = n.group_cond(&mut list);
+        let order = due
+            .as_ref()
+            .map_or(format!("{id} DESC"), |d| format!("{d} DESC, {id} DESC"));
+        list.sql = format!(
+            "SELECT {} FROM {t} WHERE {gc} ORDER BY {order}",
+            n.reads(n.attempt_read())
+        );
+    }
+
+    let mut replay_group = Stmt::default();
+    if let Some(g) = &n.group {
+        let s = &mut replay_group;
+        let origin = s.p(P::Target);
+        let mut sets = vec![format!("{g} = {origin}"), format!("{locked} = NULL")];
+        if let Some(a) = &n.attempt {
+            sets.push(format!("{a} = 1"));
+        }
+        if let Some(d) = due {
+            let p = s.p(P::Now);
+            sets.push(format!("{d} = {p}"));
+        }
+        if let Some(h) = col(n.table.headers) {
+            let p = s.p(P::Headers);
+            sets.push(format!("{h} = {p}"));
+        }
+        let idc = n.id_cond(s);
+        let dg = s.p(P::Group);
+        s.sql = format!(
+            "UPDATE {t} SET {} WHERE {idc} AND {g} = {dg}",
+            sets.join(", ")
+        );
+    }
+
+    let mut purge = Stmt::default();
+    {
+        let idc = n.id_cond(&mut purge);
+        let gc = n.group_cond(&mut purge);
+        purge.sql = format!("DELETE FROM {t} WHERE {idc} AND {gc}");
+    }
+
+    Inspects {
+        stats,
+        list,
+        replay_group,
+        purge,
+    }
+}

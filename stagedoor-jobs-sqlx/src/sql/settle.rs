@@ -1,0 +1,185 @@
+//! The statements that settle a delivery: its acknowledgement (one row or a batch), a retry,
+//! a dead letter within the table (to another group) or into another table (a copy, then the
+//! copied row marked and the original deleted), and a replay's move back out of one.
+
+use super::{FENCES, Names, P, Statements, Stmt, col, fence, q};
+
+/// The bound attempt count `p`, typed: a statement prepared without argument types (the
+/// startup check) would otherwise type it as the column (`SMALLINT`), and the driver's 8-byte
+/// value would then not fit the cached statement.
+fn attempt_param(p: &str) -> String {
+    format!("CAST({p} AS BIGINT)")
+}
+
+/// The settling statements of a table (see the fields of the same names in [`Statements`]).
+pub(super) struct Settles {
+    pub(super) delete_fenced: Stmt,
+    pub(super) retry: Stmt,
+    pub(super) retry_keep_place: Stmt,
+    pub(super) dead_group: Stmt,
+    pub(super) delete_by_id: Stmt,
+    pub(super) clear_lease: Stmt,
+    pub(super) mark_dead: Stmt,
+}
+
+pub(super) fn build(n: &Names) -> Settles {
+    let (t, locked) = (&n.t, &n.locked);
+
+    let mut delete_fenced = Stmt::default();
+    {
+        let idc = n.id_cond(&mut delete_fenced);
+        let f = fence(&mut delete_fenced, locked);
+        delete_fenced.sql = format!("DELETE FROM {t} WHERE {idc} AND {f}");
+    }
+
+    let mut delete_by_id = Stmt::default();
+    {
+        let idc = n.id_cond(&mut delete_by_id);
+        delete_by_id.sql = format!("DELETE FROM {t} WHERE {idc}");
+    }
+
+    Settles {
+        delete_fenced,
+        retry: build_retry(n, true),
+        retry_keep_place: build_retry(n, false),
+        dead_group: build_dead_group(n),
+        delete_by_id,
+        clear_lease: build_clear(n, true),
+        mark_dead: build_clear(n, false),
+    }
+}
+
+/// A fenced retry: no lease, the last error; `move_due`: due at the retry's time (else the
+/// row keeps its place).
+fn build_retry(n: &Names, move_due: bool) -> Stmt {
+    let (t, locked) = (&n.t, &n.locked);
+    let mut s = Stmt::default();
+    let mut sets = vec![format!("{locked} = NULL")];
+    if let (Some(d), true) = (&n.due, move_due) {
+        let p = s.p(P::Due);
+        sets.push(format!("{d} = {p}"));
+    }
+    if let Some(e) = col(n.table.last_error) {
+        let p = s.p(P::Error);
+        sets.push(format!("{e} = {p}"));
+    }
+    let idc = n.id_cond(&mut s);
+    let f = fence(&mut s, locked);
+    s.sql = format!("UPDATE {t} SET {} WHERE {idc} AND {f}", sets.join(", "));
+    s
+}
+
+/// A fenced move to the dead-letter group (empty for a table without groups).
+fn build_dead_group(n: &Names) -> Stmt {
+    let (t, locked) = (&n.t, &n.locked);
+    let mut dead_group = Stmt::default();
+    if let Some(g) = &n.group {
+        let s = &mut dead_group;
+        let target = s.p(P::Target);
+        let mut sets = vec![format!("{locked} = NULL"), format!("{g} = {target}")];
+        // A dead letter stores the attempts it spent: a subscriber of the dead-letter group
+        // sees that number on its first delivery of it, and a listing reports it.
+        if let Some(a) = &n.attempt {
+            let p = s.p(P::Attempt);
+            sets.push(format!("{a} = {}", attempt_param(&p)));
+        }
+        if let Some(d) = &n.due {
+            let p = s.p(P::Now);
+            sets.push(format!("{d} = {p}"));
+        }
+        if let Some(e) = col(n.table.last_error) {
+            let p = s.p(P::Error);
+            sets.push(format!("{e} = {p}"));
+        }
+        if let Some(h) = col(n.table.headers) {
+            let p = s.p(P::Headers);
+            sets.push(format!("{h} = {p}"));
+        }
+        let idc = n.id_cond(s);
+        let f = fence(s, locked);
+        s.sql = format!("UPDATE {t} SET {} WHERE {idc} AND {f}", sets.join(", "));
+    }
+    dead_group
+}
+
+/// A row just copied into a table: no lease, due now, the error and headers of the move.
+/// A replayed row starts counting again (`replayed`: its next delivery is 1); a dead
+/// letter stores the attempts it spent (seed 002: "payload and attempt as they were").
+fn build_clear(n: &Names, replayed: bool) -> Stmt {
+    let (t, locked) = (&n.t, &n.locked);
+    let mut s = Stmt::default();
+    let mut sets = vec![format!("{locked} = NULL")];
+    if let Some(a) = &n.attempt {
+        if replayed {
+            sets.push(format!("{a} = 1"));
+        } else {
+            let p = s.p(P::Attempt);
+            sets.push(format!("{a} = {}", attempt_param(&p)));
+        }
+    }
+    if let Some(d) = &n.due {
+        let p = s.p(P::Now);
+        sets.push(format!("{d} = {p}"));
+    }
+    if let Some(e) = col(n.table.last_error) {
+        let p = s.p(P::Error);
+        sets.push(format!("{e} = {p}"));
+    }
+    if let Some(h) = col(n.table.headers) {
+        let p = s.p(P::Headers);
+        sets.push(format!("{h} = {p}"));
+    }
+    let idc = n.id_cond(&mut s);
+    s.sql = format!("UPDATE {t} SET {} WHERE {idc}", sets.join(", "));
+    s
+}
+
+impl Statements {
+    /// A fenced delete of `n` rows (at most [`MAX_ROWS`](super::MAX_ROWS)): binds the id and the
+    /// [`FENCES`] lease values of each, in order; returns the id (as text) of every row it
+    /// deleted.
+    pub(crate) fn delete_many(&self, n: usize) -> String {
+        let (id, locked) = (&self.id_col, &self.locked_col);
+        let per = 1 + FENCES;
+        let conds: Vec<String> = (0..n)
+            .map(|i| {
+                let leases: Vec<String> = (0..FENCES)
+                    .map(|k| format!("${}", per * i + 2 + k))
+                    .collect();
+                format!(
+                    "({id} = ${} AND {locked} IN ({}))",
+                    per * i + 1,
+                    leases.join(", ")
+                )
+            })
+            .collect();
+        format!(
+            "DELETE FROM {} WHERE {} RETURNING CAST({id} AS TEXT)",
+            self.qualified,
+            conds.join(" OR ")
+        )
+    }
+
+    /// Copies a row into table `target` (same columns): binds Id, and Lease when `fenced`.
+    pub(crate) fn copy_into(&self, target: &str, fenced: bool) -> Stmt {
+        let mut s = Stmt::default();
+        let cols: Vec<String> = self.table.columns.iter().map(|c| q(c)).collect();
+        let cols = cols.join(", ");
+        let locked = q(self.table.locked_until.map_or("locked_until", |c| c.name));
+        let target = match self.table.schema {
+            Some(sc) => format!("{}.{}", q(sc), q(target)),
+            None => q(target),
+        };
+        let idp = s.p(P::Id);
+        let mut cond = format!("{} = {idp}", q(self.table.id.name));
+        if fenced {
+            let f = fence(&mut s, &locked);
+            cond.push_str(&format!(" AND {f}"));
+        }
+        s.sql = format!(
+            "INSERT INTO {target} ({cols}) SELECT {cols} FROM {} WHERE {cond}",
+            self.qualified
+        );
+        s
+    }
+}
