@@ -28,64 +28,29 @@
 //!   have a default.
 //!
 //! This file holds the comparison shared by both databases and the roles' checks that do not
-//! depend on the database; `columns/postgres.rs` and `columns/sqlite.rs` read each database's
-//! catalog and hold its type rules.
+//! depend on the database; `columns/postgres.rs` and `columns/sqlite.rs` hold each database's
+//! type rules. Each database's catalog is read by its dialect (`dialect/postgres.rs`,
+//! `dialect/sqlite.rs`) into a [`Layout`].
 
 use stagedoor_jobs::inbox::{Column, ColumnType, Table};
 
+use crate::catalog::{Found, Layout};
+use crate::dialect::sealed::Sealed;
+
 mod postgres;
 mod sqlite;
-
-/// One column as the database declares it.
-#[derive(Clone, Debug)]
-pub(crate) struct Found {
-    /// The column's name.
-    pub(crate) name: String,
-    /// The type as declared (Postgres: `format_type`; SQLite: the declared text).
-    pub(crate) declared: String,
-    /// Postgres: the type's name in the catalog (a domain's base type), lower case (`int2`,
-    /// `text`, `timestamptz`). SQLite: the declared type, upper case.
-    pub(crate) base: String,
-    /// `NOT NULL`.
-    pub(crate) not_null: bool,
-    /// Whether an insert that leaves the column out gets a value: a `DEFAULT`, an identity,
-    /// a serial.
-    pub(crate) has_default: bool,
-    /// SQLite: the column's position in the primary key (0: not in it).
-    pub(crate) pk: i64,
-}
-
-/// A table as the database describes it.
-#[derive(Clone, Debug, Default)]
-#[allow(unreachable_pub)]
-pub struct Layout {
-    /// Its columns, in order; empty when there is no such table.
-    pub(crate) columns: Vec<Found>,
-    /// SQLite: whether the table has a row id (it is not `WITHOUT ROWID`).
-    pub(crate) rowid: bool,
-}
-
-/// The databases whose tables can be read.
-#[allow(unreachable_pub)]
-pub trait Introspect: sqlx::Database + crate::dialect::sealed::Sealed {
-    /// The layout of `table` (no columns when there is no such table).
-    fn layout(
-        pool: &sqlx::Pool<Self>,
-        table: &Table,
-    ) -> impl std::future::Future<Output = Result<Layout, sqlx::Error>> + Send;
-}
 
 /// Every problem of `table`'s column types, each naming the column; none when the table
 /// cannot be read (the statements' preparation reports a missing table). A column missing
 /// altogether is a problem too (named here, with the others, instead of by the database's
 /// first error).
-pub(crate) async fn check<DB: Introspect>(pool: &sqlx::Pool<DB>, table: &Table) -> Vec<String> {
+pub(crate) async fn check<DB: Sealed>(pool: &sqlx::Pool<DB>, table: &Table) -> Vec<String> {
     checked::<DB>(pool, table, false).await
 }
 
 /// The same for a dead-letter table that takes `table`'s rows by copy (every column, the id
 /// and attempt included, so neither needs a default there).
-pub(crate) async fn check_dead_table<DB: Introspect>(
+pub(crate) async fn check_dead_table<DB: Sealed>(
     pool: &sqlx::Pool<DB>,
     table: &Table,
 ) -> Vec<String> {
@@ -97,11 +62,7 @@ pub(crate) async fn check_dead_table<DB: Introspect>(
     checked::<DB>(pool, &t, true).await
 }
 
-async fn checked<DB: Introspect>(
-    pool: &sqlx::Pool<DB>,
-    table: &Table,
-    copied: bool,
-) -> Vec<String> {
+async fn checked<DB: Sealed>(pool: &sqlx::Pool<DB>, table: &Table, copied: bool) -> Vec<String> {
     match DB::layout(pool, table).await {
         Ok(layout) => compare(DB::FLAVOR, table, &layout, copied),
         Err(e) => {

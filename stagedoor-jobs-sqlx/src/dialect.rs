@@ -16,6 +16,7 @@ use sqlx::{Database, Row as _};
 use stagedoor_jobs::BrokerError;
 
 use crate::broker::SqlxBroker;
+use crate::catalog::Layout;
 use crate::sql::Flavor;
 
 mod postgres;
@@ -53,6 +54,13 @@ pub(crate) mod sealed {
             conn: &'c mut Self::Connection,
             queue: &'c str,
         ) -> impl Future<Output = Result<(), BrokerError>> + Send + 'c;
+
+        /// The layout of `table` as the catalog describes it (no columns when there is no
+        /// such table).
+        fn layout(
+            pool: &sqlx::Pool<Self>,
+            table: &stagedoor_jobs::inbox::Table,
+        ) -> impl Future<Output = Result<Layout, sqlx::Error>> + Send;
 
         /// How many rows a statement changed.
         fn rows_affected(done: &Self::QueryResult) -> u64;
@@ -243,7 +251,7 @@ pub(crate) mod sealed {
 }
 
 /// The databases this backend speaks: `sqlx::Sqlite` and `sqlx::Postgres`.
-pub trait Dialect: sealed::Driver + crate::columns::Introspect {}
+pub trait Dialect: sealed::Driver {}
 impl Dialect for sqlx::Sqlite {}
 impl Dialect for sqlx::Postgres {}
 

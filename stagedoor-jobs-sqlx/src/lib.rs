@@ -42,6 +42,7 @@
 
 mod acks;
 mod broker;
+mod catalog;
 mod columns;
 mod dialect;
 mod floor;

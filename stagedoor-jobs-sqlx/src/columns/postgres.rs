@@ -1,52 +1,9 @@
 //! Postgres's part of the column check: the table's columns read from the catalog
 //! (`pg_attribute`), and the types each role accepts there (see the [module](super) docs).
 
-use sqlx::Row as _;
-use stagedoor_jobs::inbox::{ColumnType, Table};
+use stagedoor_jobs::inbox::ColumnType;
 
-use super::{Found, Introspect, Layout, Role, ident, rust};
-
-impl Introspect for sqlx::Postgres {
-    async fn layout(pool: &sqlx::PgPool, table: &Table) -> Result<Layout, sqlx::Error> {
-        // `to_regclass` resolves the name as the statements do (the search path, or the
-        // schema given); NULL, and no rows, when there is no such table.
-        let rows = sqlx::query(
-            "SELECT CAST(a.attname AS TEXT) AS name, \
-                    format_type(a.atttypid, a.atttypmod) AS declared, \
-                    CAST(CASE WHEN t.typtype = 'd' THEN b.typname ELSE t.typname END AS TEXT) AS base, \
-                    a.attnotnull AS not_null, \
-                    (a.atthasdef OR a.attidentity <> '') AS has_default \
-             FROM pg_catalog.pg_attribute a \
-             JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
-             LEFT JOIN pg_catalog.pg_type b ON b.oid = t.typbasetype \
-             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped \
-             ORDER BY a.attnum",
-        )
-        .bind(table.qualified())
-        .fetch_all(pool)
-        .await?;
-        let columns = rows
-            .iter()
-            .map(|r| {
-                Ok(Found {
-                    name: r.try_get("name")?,
-                    declared: r.try_get("declared")?,
-                    base: r
-                        .try_get::<Option<String>, _>("base")?
-                        .unwrap_or_default()
-                        .to_ascii_lowercase(),
-                    not_null: r.try_get("not_null")?,
-                    has_default: r.try_get("has_default")?,
-                    pk: 0,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        Ok(Layout {
-            columns,
-            rowid: false,
-        })
-    }
-}
+use super::{Found, Role, ident, rust};
 
 const PG_INTEGERS: [&str; 3] = ["int2", "int4", "int8"];
 const PG_TEXTS: [&str; 5] = ["text", "varchar", "bpchar", "citext", "name"];

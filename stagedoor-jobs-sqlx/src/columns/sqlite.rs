@@ -2,59 +2,9 @@
 //! `CREATE TABLE` text, and what each role accepts of a column's type affinity (see the
 //! [module](super) docs).
 
-use sqlx::Row as _;
-use stagedoor_jobs::inbox::{ColumnType, Table};
+use stagedoor_jobs::inbox::ColumnType;
 
-use super::{Found, Introspect, Layout, Role, rust};
-
-impl Introspect for sqlx::Sqlite {
-    async fn layout(pool: &sqlx::SqlitePool, table: &Table) -> Result<Layout, sqlx::Error> {
-        // The names passed `validate`: plain identifiers, quoted.
-        let prefix = table.schema.map_or(String::new(), |s| format!("\"{s}\"."));
-        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "PRAGMA {prefix}table_info(\"{}\")",
-            table.name
-        )))
-        .fetch_all(pool)
-        .await?;
-        let columns = rows
-            .iter()
-            .map(|r| {
-                let declared: String = r.try_get("type")?;
-                Ok(Found {
-                    name: r.try_get("name")?,
-                    base: declared.to_ascii_uppercase(),
-                    declared,
-                    not_null: r.try_get::<i64, _>("notnull")? != 0,
-                    has_default: r.try_get::<Option<String>, _>("dflt_value")?.is_some(),
-                    pk: r.try_get("pk")?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        let master = match table.schema {
-            Some(s) => format!("\"{s}\".sqlite_master"),
-            None => "sqlite_master".to_owned(),
-        };
-        let ddl: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT sql FROM {master} WHERE type = 'table' AND name = $1"
-        )))
-        .bind(table.name)
-        .fetch_optional(pool)
-        .await?
-        .flatten();
-        let rowid = ddl.is_none_or(|d| {
-            let words: Vec<String> = d
-                .split(|c: char| c.is_whitespace() || c == ')')
-                .filter(|w| !w.is_empty())
-                .map(str::to_ascii_uppercase)
-                .collect();
-            !words
-                .windows(2)
-                .any(|w| w[0] == "WITHOUT" && w[1] == "ROWID")
-        });
-        Ok(Layout { columns, rowid })
-    }
-}
+use super::{Found, Layout, Role, rust};
 
 /// SQLite's type affinity of a declared type (the rules of section 3.1 of its datatype page).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::AssertSqlSafe;
+use sqlx::Row as _;
 use stagedoor_jobs::BrokerError;
 use stagedoor_jobs::inbox::Table;
 
 use super::db_err;
 use super::sealed::Sealed;
 use crate::broker::{Source, SqlxBroker};
+use crate::catalog::{Found, Layout};
 use crate::sql::Flavor;
 
 impl Sealed for sqlx::Sqlite {
@@ -24,6 +26,54 @@ impl Sealed for sqlx::Sqlite {
     ) -> Result<(), BrokerError> {
         broker.wake_all();
         Ok(())
+    }
+
+    /// The layout of `table` from the catalog (no columns when there is no such table).
+    async fn layout(pool: &sqlx::SqlitePool, table: &Table) -> Result<Layout, sqlx::Error> {
+        // The names passed `validate`: plain identifiers, quoted.
+        let prefix = table.schema.map_or(String::new(), |s| format!("\"{s}\"."));
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "PRAGMA {prefix}table_info(\"{}\")",
+            table.name
+        )))
+        .fetch_all(pool)
+        .await?;
+        let columns = rows
+            .iter()
+            .map(|r| {
+                let declared: String = r.try_get("type")?;
+                Ok(Found {
+                    name: r.try_get("name")?,
+                    base: declared.to_ascii_uppercase(),
+                    declared,
+                    not_null: r.try_get::<i64, _>("notnull")? != 0,
+                    has_default: r.try_get::<Option<String>, _>("dflt_value")?.is_some(),
+                    pk: r.try_get("pk")?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let master = match table.schema {
+            Some(s) => format!("\"{s}\".sqlite_master"),
+            None => "sqlite_master".to_owned(),
+        };
+        let ddl: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT sql FROM {master} WHERE type = 'table' AND name = $1"
+        )))
+        .bind(table.name)
+        .fetch_optional(pool)
+        .await?
+        .flatten();
+        let rowid = ddl.is_none_or(|d| {
+            let words: Vec<String> = d
+                .split(|c: char| c.is_whitespace() || c == ')')
+                .filter(|w| !w.is_empty())
+                .map(str::to_ascii_uppercase)
+                .collect();
+            !words
+                .windows(2)
+                .any(|w| w[0] == "WITHOUT" && w[1] == "ROWID")
+        });
+        Ok(Layout { columns, rowid })
     }
 
     fn rows_affected(done: &sqlx::sqlite::SqliteQueryResult) -> u64 {
