@@ -1,0 +1,176 @@
+//! One claimed delivery: dispatch by kind to its mount, the cap checked before it runs, the
+//! handler run under `CatchPanic` with its lease renewed, and the outcome-to-settlement rules
+//! (`failed`, with `outcome.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::worker::{MountRt, Worker};
+use crate::broker::{Broker, Delivery, Settlement};
+use crate::envelope::Envelope;
+use crate::extract::JobContext;
+use crate::handler::Ran;
+use crate::mount::{MountSpec, OnDecodeError};
+use crate::outcome::{Failure, FailureCause, Verdict};
+use crate::panic::CatchPanic;
+
+impl<B: Broker> Worker<B> {
+    fn mount_for(&self, kind: &str) -> Option<&MountRt> {
+        let i = self
+            .queue
+            .by_kind
+            .get(kind)
+            .copied()
+            .or(self.queue.every_kind)?;
+        Some(&self.mounts[i])
+    }
+
+    pub(super) async fn process(&self, delivery: Delivery<B::Receipt>) {
+        let env = &delivery.envelope;
+        let span = tracing::info_span!(
+            "job",
+            queue = %self.queue.name,
+            kind = %env.kind(),
+            job_id = %env.id(),
+            attempt = env.attempt(),
+            request_id = env.headers().request_id.as_deref().unwrap_or(""),
+            trace = env.headers().trace.as_deref().unwrap_or(""),
+            subscriber = tracing::field::Empty,
+        );
+        async {
+            let Some(mount) = self.mount_for(env.kind()) else {
+                let target = self.broker.default_dead_letter(&self.queue.name);
+                let failure = Failure::new(
+                    FailureCause::UnknownKind,
+                    format!(
+                        "no handler for kind `{}` on queue `{}`: mount a subscriber with `kind = \"{}\"` (or one for every kind), then replay this dead letter",
+                        env.kind(),
+                        self.queue.name,
+                        env.kind()
+                    ),
+                    String::new(),
+                );
+                tracing::error!(dead_letter = %target, "{}", failure.error);
+                self.settle("", &delivery, Settlement::DeadLetter { target, failure }).await;
+                return;
+            };
+            let spec = &mount.spec;
+            tracing::Span::current().record("subscriber", spec.subscriber.as_str());
+            if let (Some(cap), Some(target)) = (spec.max_attempts, &spec.dead_letter)
+                && env.attempt() > cap.get()
+            {
+                    let failure = Failure::new(
+                        FailureCause::Poison,
+                        poison_message(env.attempt(), cap.get()),
+                        String::new(),
+                    );
+                    tracing::error!(dead_letter = %target, "{}", failure.error);
+                    let s = Settlement::DeadLetter { target: target.clone(), failure };
+                    self.settle(&spec.subscriber, &delivery, s).await;
+                    return;
+            }
+            // The lease is renewed from here on, while the delivery waits for a slot of its
+            // mount and while its handler runs.
+            let run = async {
+                // A mount's permits are never closed: nothing calls `close` on them.
+                let _slot = mount.permits.acquire().await.expect("semaphore never closed");
+                let ctx = Arc::new(JobContext::new(
+                    Arc::clone(&self.queue.name),
+                    env.clone(),
+                    Arc::clone(&self.ctx.state),
+                ));
+                let started = std::time::Instant::now();
+                let ran = CatchPanic::new(spec.handler.run(ctx)).await;
+                crate::counters::handler_duration(&self.queue.name, env.kind(), started.elapsed());
+                ran
+            };
+            let ran = self.with_renewal(&delivery, run).await;
+            let settlement = match ran {
+                Ok(Ran::Verdict(Verdict::Ack)) => Settlement::Ack,
+                Ok(Ran::Verdict(Verdict::Drop)) => {
+                    tracing::info!("dropped by its handler");
+                    Settlement::Drop
+                }
+                Ok(Ran::Verdict(Verdict::Failed(f, after))) => self.failed(spec, env, f, after),
+                Ok(Ran::Undecodable(f)) => match (&spec.on_decode_error, &spec.dead_letter) {
+                    (OnDecodeError::DeadLetter, Some(target)) => {
+                        tracing::error!(dead_letter = %target, error = %f.error, "undecodable payload dead-lettered");
+                        Settlement::DeadLetter { target: target.clone(), failure: f }
+                    }
+                    _ => self.failed(spec, env, f, None),
+                },
+                Err(panic) => self.failed(spec, env, panic, None),
+            };
+            self.settle(&spec.subscriber, &delivery, settlement).await;
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// A failed attempt: retried after the backoff (or the handler's delay), or dead-lettered
+    /// at the cap.
+    fn failed(
+        &self,
+        spec: &MountSpec,
+        env: &Envelope,
+        failure: Failure,
+        after: Option<Duration>,
+    ) -> Settlement {
+        match (spec.max_attempts, &spec.dead_letter) {
+            (Some(cap), Some(target)) if env.attempt() >= cap.get() => {
+                tracing::error!(
+                    dead_letter = %target,
+                    error = %failure.error,
+                    traceback = %failure.traceback,
+                    "attempt {} of {cap} failed: dead-lettered",
+                    env.attempt()
+                );
+                Settlement::DeadLetter {
+                    target: target.clone(),
+                    failure,
+                }
+            }
+            _ => {
+                let asked = after.unwrap_or_else(|| spec.backoff.delay(env.attempt()));
+                let delay =
+                    crate::backoff::retry_delay(spec.max_attempts.is_some(), asked, env.attempt());
+                tracing::warn!(error = %failure.error, cause = %failure.cause, "attempt {} failed: retry in {delay:?}", env.attempt());
+                Settlement::Retry { delay, failure }
+            }
+        }
+    }
+}
+
+/// The error of a delivery claimed beyond its mount's cap, dead-lettered without running. The
+/// runtime cannot tell why the count is past the cap, so it names every cause that leads there.
+fn poison_message(attempt: u32, cap: u32) -> String {
+    format!(
+        "this is delivery {attempt} of the job, past max_attempts({cap}), so it is dead-lettered without running again. \
+         Possible causes: a worker died or lost its lease during its earlier deliveries (each claim spends an attempt), \
+         the cap was lowered after those deliveries (a deploy), or the stored attempt count was edited. \
+         Replay it once the cause is fixed (a replay resets its attempts)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::poison_message;
+
+    #[test]
+    fn the_poison_message_names_the_delivery_the_cap_and_every_cause() {
+        let m = poison_message(40, 3);
+        for part in [
+            "delivery 40 ",
+            "max_attempts(3)",
+            "a worker died",
+            "cap was lowered",
+            "stored attempt count was edited",
+            "Replay",
+        ] {
+            assert!(m.contains(part), "{part:?} missing from {m:?}");
+        }
+        assert!(!m.contains("a worker died while running it"), "{m}");
+    }
+}

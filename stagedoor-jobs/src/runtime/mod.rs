@@ -1,0 +1,23 @@
+//! The worker: claim loops per queue, dispatch by kind, the outcome-to-settlement rules, lease
+//! renewal and graceful shutdown. Generic over the broker; erased per route for the service.
+//!
+//! The files, by concern:
+//! - `context.rs`: what every worker loop of a running service shares (`RunCtx`), and the
+//!   observers that see every settlement (`Observer`);
+//! - `route.rs`: a route with its broker type erased (`ErasedRoute`), and `RouteRuntime`,
+//!   which starts one worker per queue;
+//! - `worker.rs`: a queue's worker: its claim loop under supervision, the in-flight count, the
+//!   graceful wait for running handlers at shutdown;
+//! - `delivery.rs`: one delivery: dispatch by kind, the handler run, the outcome-to-settlement
+//!   rules;
+//! - `settle.rs`: the lease renewed while the handler runs, and the settlement tried again
+//!   until it takes effect or is fenced.
+
+mod context;
+mod delivery;
+mod route;
+mod settle;
+mod worker;
+
+pub(crate) use context::{Observer, RunCtx};
+pub(crate) use route::{ErasedRoute, RouteRuntime};

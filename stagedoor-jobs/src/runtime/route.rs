@@ -1,0 +1,306 @@
+//! A route with its broker type erased ([`ErasedRoute`]), so that one service holds routes of
+//! several backends, and [`RouteRuntime`], which implements it for a broker: it checks the
+//! mounts, measures the backend's clock, and starts one [`Worker`] per queue.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::Semaphore;
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::context::RunCtx;
+use super::worker::{MAX_BATCH, MountRt, QueueRt, Worker};
+use crate::broker::{
+    Broker, BrokerError, DeadLetter, DeadSelector, MountInfo, Problem, QueueStats, ReplayReport,
+};
+use crate::clock::Clock;
+use crate::envelope::Job;
+use crate::handler::BoxFuture;
+use crate::mount::{MountSpec, RouteBuilder};
+
+/// A route with its broker type erased. (Some methods serve only the test harness.)
+#[cfg_attr(not(feature = "testing"), allow(dead_code))]
+pub(crate) trait ErasedRoute: Send + Sync + 'static {
+    fn backend(&self) -> &'static str;
+    fn mounts(&self) -> &[MountSpec];
+    fn default_dead_letter(&self, queue: &str) -> String;
+    fn use_clock(&self, clock: &Clock) -> bool;
+    fn connect(&self) -> BoxFuture<'_, Result<(), BrokerError>>;
+    fn check(&self) -> BoxFuture<'_, Vec<Problem>>;
+    fn spawn<'a>(
+        self: Arc<Self>,
+        ctx: &'a RunCtx,
+    ) -> BoxFuture<'a, Result<Vec<JoinHandle<()>>, BrokerError>>;
+    fn publish(&self, job: Job) -> BoxFuture<'_, Result<crate::broker::Published, BrokerError>>;
+    fn publish_once<'a>(
+        &'a self,
+        job: Job,
+        guard: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<crate::broker::Published, BrokerError>>;
+    /// The broker's clock (shared with the broker: a sync moves both).
+    fn clock(&self) -> Clock;
+    /// Measures the broker's clock against the backend's (best of three round trips).
+    fn sync_clock(&self) -> BoxFuture<'_, Result<(), BrokerError>>;
+    fn try_lock<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, BrokerError>>;
+    fn last_tick<'a>(
+        &'a self,
+        schedule: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DateTime<Utc>>, BrokerError>>;
+    fn mark_tick<'a>(
+        &'a self,
+        schedule: &'a str,
+        tick: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), BrokerError>>;
+    fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>>;
+    fn dead_len<'a>(&'a self, dead: &'a str) -> BoxFuture<'a, Result<u64, BrokerError>>;
+    fn next_due<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Option<DateTime<Utc>>>;
+    fn dead_letters<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>>;
+    fn replay<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+    ) -> BoxFuture<'a, Result<ReplayReport, BrokerError>>;
+    fn purge<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+    ) -> BoxFuture<'a, Result<u64, BrokerError>>;
+}
+
+pub(crate) struct RouteRuntime<B> {
+    broker: B,
+    mounts: Vec<MountSpec>,
+}
+
+impl<B: Broker> RouteRuntime<B> {
+    pub(crate) fn new(builder: RouteBuilder<B>) -> Self {
+        Self {
+            broker: builder.broker,
+            mounts: builder.mounts,
+        }
+    }
+}
+
+impl<B: Broker> ErasedRoute for RouteRuntime<B> {
+    fn backend(&self) -> &'static str {
+        self.broker.backend()
+    }
+    fn mounts(&self) -> &[MountSpec] {
+        &self.mounts
+    }
+    fn default_dead_letter(&self, queue: &str) -> String {
+        self.broker.default_dead_letter(queue)
+    }
+    fn use_clock(&self, clock: &Clock) -> bool {
+        self.broker.use_clock(clock)
+    }
+    fn connect(&self) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(self.broker.connect())
+    }
+    fn check(&self) -> BoxFuture<'_, Vec<Problem>> {
+        Box::pin(async move {
+            let infos: Vec<MountInfo> = self
+                .mounts
+                .iter()
+                .map(|m| MountInfo {
+                    subscriber: m.subscriber.clone(),
+                    queue: m.queue.clone(),
+                    kind: m.kind.clone(),
+                    max_attempts: m.max_attempts.map(|n| n.get()),
+                    dead_letter: m.dead_letter.clone(),
+                    backend: m.backend,
+                })
+                .collect();
+            let mut problems = Vec::new();
+            for m in &infos {
+                if let Some(b) = m.backend
+                    && b != self.broker.backend()
+                {
+                    problems.push(Problem {
+                            mount: format!("mount `{}` on queue `{}`", m.subscriber, m.queue),
+                            message: format!(
+                                "its queue descriptor belongs to the {b} backend, but it is mounted on a {} broker: mount it there, or subscribe by name",
+                                self.broker.backend()
+                            ),
+                        });
+                }
+            }
+            problems.extend(self.broker.check(&infos).await);
+            problems
+        })
+    }
+    fn spawn<'a>(
+        self: Arc<Self>,
+        ctx: &'a RunCtx,
+    ) -> BoxFuture<'a, Result<Vec<JoinHandle<()>>, BrokerError>> {
+        Box::pin(async move {
+            let mounts: Arc<[MountRt]> = self
+                .mounts
+                .iter()
+                .map(|m| MountRt {
+                    spec: m.clone(),
+                    permits: Arc::new(Semaphore::new(m.concurrency.max(1))),
+                })
+                .collect();
+            let mut queues: Vec<QueueRt> = Vec::new();
+            for (i, m) in mounts.iter().enumerate() {
+                let q = match queues.iter_mut().position(|q| *q.name == *m.spec.queue) {
+                    Some(p) => &mut queues[p],
+                    None => {
+                        queues.push(QueueRt {
+                            name: Arc::from(m.spec.queue.as_str()),
+                            by_kind: HashMap::new(),
+                            every_kind: None,
+                            slots: 0,
+                        });
+                        queues.last_mut().expect("just pushed")
+                    }
+                };
+                match &m.spec.kind {
+                    Some(k) => {
+                        q.by_kind.insert(k.clone(), i);
+                    }
+                    None => q.every_kind = Some(i),
+                }
+                q.slots += m.spec.concurrency.max(1);
+            }
+            let mut handles = Vec::new();
+            for q in queues {
+                self.broker.prepare(&q.name).await?;
+                let capacity = q.slots + (q.slots / 2).min(MAX_BATCH);
+                let worker = Worker {
+                    broker: self.broker.clone(),
+                    mounts: Arc::clone(&mounts),
+                    health: ctx.board.queue(&q.name, self.broker.backend()),
+                    queue: Arc::new(q),
+                    ctx: ctx.clone(),
+                    capacity,
+                    slots: Arc::new(Semaphore::new(capacity)),
+                    running: Mutex::new(JoinSet::new()),
+                };
+                handles.push(tokio::spawn(Arc::new(worker).run()));
+            }
+            Ok(handles)
+        })
+    }
+    fn publish(&self, job: Job) -> BoxFuture<'_, Result<crate::broker::Published, BrokerError>> {
+        Box::pin(crate::broker::Publish::publish_job(&self.broker, job))
+    }
+    fn publish_once<'a>(
+        &'a self,
+        job: Job,
+        guard: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<crate::broker::Published, BrokerError>> {
+        Box::pin(async move {
+            let (queue, envelope, at) = job.into_parts(self.broker.clock().now());
+            self.broker
+                .publish_once(&queue, (envelope, at), guard, ttl)
+                .await
+        })
+    }
+    fn clock(&self) -> Clock {
+        self.broker.clock()
+    }
+    fn sync_clock(&self) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let clock = self.broker.clock();
+            if clock.is_manual() {
+                return Ok(());
+            }
+            // [sent, the server's time, received]: the sample with the shortest round trip.
+            let mut best: Option<[DateTime<Utc>; 3]> = None;
+            for _ in 0..3 {
+                let sent = clock.local();
+                let Some(server) = self.broker.server_time().await? else {
+                    return Ok(());
+                };
+                let received = clock.local();
+                if best.is_none_or(|[s, _, r]| received - sent < r - s) {
+                    best = Some([sent, server, received]);
+                }
+            }
+            if let Some([sent, server, received]) = best {
+                let before = clock.offset();
+                clock.sync(sent, server, received);
+                let after = clock.offset();
+                if after.abs() > chrono::Duration::milliseconds(500)
+                    && (after - before).abs() > chrono::Duration::milliseconds(250)
+                {
+                    tracing::warn!(
+                        backend = self.broker.backend(),
+                        offset_ms = after.num_milliseconds(),
+                        "this machine's clock is {} ms off the backend's: due times, leases and schedule ticks follow the backend's clock; fix the machine's time sync (NTP) all the same",
+                        -after.num_milliseconds()
+                    );
+                }
+            }
+            Ok(())
+        })
+    }
+    fn stats<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Result<QueueStats, BrokerError>> {
+        Box::pin(self.broker.stats(queue))
+    }
+    fn try_lock<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<bool, BrokerError>> {
+        Box::pin(self.broker.try_lock(key, token, ttl))
+    }
+    fn dead_len<'a>(&'a self, dead: &'a str) -> BoxFuture<'a, Result<u64, BrokerError>> {
+        Box::pin(self.broker.dead_len(dead))
+    }
+    fn last_tick<'a>(
+        &'a self,
+        schedule: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DateTime<Utc>>, BrokerError>> {
+        Box::pin(self.broker.last_tick(schedule))
+    }
+    fn mark_tick<'a>(
+        &'a self,
+        schedule: &'a str,
+        tick: DateTime<Utc>,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(self.broker.mark_tick(schedule, tick))
+    }
+    fn next_due<'a>(&'a self, queue: &'a str) -> BoxFuture<'a, Option<DateTime<Utc>>> {
+        Box::pin(self.broker.next_due(queue))
+    }
+    fn dead_letters<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>> {
+        Box::pin(self.broker.dead_letters(dead, sel, limit))
+    }
+    fn replay<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+    ) -> BoxFuture<'a, Result<ReplayReport, BrokerError>> {
+        Box::pin(self.broker.replay(dead, sel))
+    }
+    fn purge<'a>(
+        &'a self,
+        dead: &'a str,
+        sel: &'a DeadSelector,
+    ) -> BoxFuture<'a, Result<u64, BrokerError>> {
+        Box::pin(self.broker.purge(dead, sel))
+    }
+}

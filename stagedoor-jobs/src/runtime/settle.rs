@@ -1,0 +1,152 @@
+//! A delivery's lease and its settlement: the lease renewed every third of it while the handler
+//! runs, and the settlement tried again on a connection error (renewing the lease between
+//! tries) until it takes effect or its fence says the lease was lost.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::worker::Worker;
+use crate::broker::{Broker, Delivery, Settled, Settlement};
+
+/// The shortest time between two renewals of one delivery's lease, whatever the broker says
+/// its lease is.
+const MIN_RENEW_EVERY: Duration = Duration::from_millis(10);
+/// The longest wait between two tries of a settlement that failed on the connection.
+const SETTLE_RETRY_MAX: Duration = Duration::from_secs(1);
+
+impl<B: Broker> Worker<B> {
+    /// Runs `fut` while renewing the delivery's lease every third of it. A renewal under way
+    /// when `fut` completes is finished, never cancelled half-way, so a backend that moves its
+    /// fence on renewal always knows the fence it settles with.
+    pub(super) async fn with_renewal<T>(
+        &self,
+        delivery: &Delivery<B::Receipt>,
+        fut: impl Future<Output = T>,
+    ) -> T {
+        // A broker reporting a lease of (nearly) zero would make this loop spin: renew at most
+        // every 10 ms.
+        let every = (self.broker.lease() / 3).max(MIN_RENEW_EVERY);
+        let (done_tx, mut done_rx) = watch::channel(false);
+        let renew = async {
+            // A server away fails every renewal of every delivery: one line per delivery for
+            // the first failure of a streak, the rest at debug level.
+            let mut failing = false;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {}
+                    _ = done_rx.changed() => return,
+                }
+                match self.broker.renew(&self.queue.name, &delivery.receipt).await {
+                    Ok(true) => failing = false,
+                    Ok(false) => tracing::warn!(
+                        "lease lost while the handler runs: another worker may run this job; this worker's outcome will be discarded"
+                    ),
+                    Err(e) if failing => tracing::debug!(error = %e, "could not renew the lease"),
+                    Err(e) => {
+                        failing = true;
+                        tracing::warn!(error = %e, "could not renew the lease: trying again every {every:?}");
+                    }
+                }
+            }
+        };
+        let work = async {
+            let out = fut.await;
+            let _ = done_tx.send(true);
+            out
+        };
+        let (out, ()) = tokio::join!(work, renew);
+        out
+    }
+
+    pub(super) async fn settle(
+        &self,
+        subscriber: &str,
+        delivery: &Delivery<B::Receipt>,
+        settlement: Settlement,
+    ) {
+        // Observers see the settlement before it is made, so they see settlements in the
+        // order they happen; one that turns out fenced is taken back.
+        for o in self.ctx.observers.iter() {
+            o.settled(
+                subscriber,
+                &self.queue.name,
+                &delivery.envelope,
+                &settlement,
+            );
+        }
+        // A settlement that fails on a connection error is tried again until it takes effect
+        // or its fence says the lease was lost, renewing the lease between tries: a server
+        // restarting for a few seconds must not make a finished job run again. (Renewals run
+        // between tries, never beside one: a backend that moves its fence on renewal settles
+        // with the fence it last renewed.) The shutdown deadline ends the tries (the task is
+        // aborted); the job is then delivered again after its lease. An error that is not about
+        // the connection is tried 5 times.
+        let every = (self.broker.lease() / 3).max(MIN_RENEW_EVERY);
+        let mut renewed: Option<tokio::time::Instant> = None;
+        let mut wait = Duration::from_millis(50);
+        let mut failures: u32 = 0;
+        loop {
+            match self
+                .broker
+                .settle(&self.queue.name, delivery, settlement.clone())
+                .await
+            {
+                Ok(Settled::Done) => {
+                    if failures > 0 {
+                        tracing::info!("settled after {failures} failed tries");
+                    }
+                    crate::counters::count(&self.queue.name, delivery.envelope.kind(), &settlement);
+                    if matches!(settlement, Settlement::DeadLetter { .. }) {
+                        self.ctx.dead_lettered.notify_one();
+                    }
+                    return;
+                }
+                Ok(Settled::LeaseLost) => {
+                    for o in self.ctx.observers.iter() {
+                        o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
+                    }
+                    if failures > 0 {
+                        tracing::warn!(
+                            "the job was no longer held when its settlement was tried again: either an earlier try took effect before the connection broke (nothing more to do), or its lease ran out meanwhile and another worker took it (its outcome stands)"
+                        );
+                    } else {
+                        tracing::warn!(
+                            "the lease was lost before settling: the job was reclaimed by another worker, whose outcome stands; nothing changed"
+                        );
+                    }
+                    return;
+                }
+                Err(e) if e.is_transient() || failures < 4 => {
+                    failures += 1;
+                    // The first failure, then one line every 10 tries (about every 10 s).
+                    if failures == 1 || failures.is_multiple_of(10) {
+                        tracing::warn!(error = %e, "could not settle ({failures} tries): trying again, the lease renewed meanwhile");
+                    }
+                    // Renewed at once (the handler's last renewal may be most of a third of
+                    // the lease ago), then every third of the lease.
+                    if renewed.is_none_or(|t| t.elapsed() >= every) {
+                        renewed = Some(tokio::time::Instant::now());
+                        if let Ok(false) =
+                            self.broker.renew(&self.queue.name, &delivery.receipt).await
+                        {
+                            for o in self.ctx.observers.iter() {
+                                o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
+                            }
+                            tracing::warn!(
+                                "the lease was lost while the settlement waited for the server: another worker may run this job; this outcome is discarded"
+                            );
+                            return;
+                        }
+                    }
+                    tokio::time::sleep(wait.min(every)).await;
+                    wait = (wait * 2).min(SETTLE_RETRY_MAX);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "could not settle after {} tries: the job will be delivered again after its lease", failures + 1);
+                    return;
+                }
+            }
+        }
+    }
+}

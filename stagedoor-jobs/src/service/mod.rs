@@ -1,0 +1,17 @@
+//! The service: an application's subscribers mounted on its brokers, started, run until a
+//! signal, and stopped gracefully.
+//!
+//! The files, by concern:
+//! - `builder.rs`: `AppInfo` and the `Service` builder;
+//! - `start.rs`: the checks before starting, `Service::start`, and running until a signal;
+//! - `running.rs`: a started service (`Running`), its shutdown, and the clock sync task;
+//! - `error.rs`: `ServiceError`.
+
+mod builder;
+mod error;
+mod running;
+mod start;
+
+pub use builder::{AppInfo, Service};
+pub use error::ServiceError;
+pub use running::Running;
