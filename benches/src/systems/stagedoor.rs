@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::broker::{Broker, Publish};
+use stagedoor_jobs::broker::{Broker, Inspect, Publish};
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{Inbox, RouteBuilder};
 use stagedoor_jobs_redis::RedisBroker;
@@ -125,17 +125,17 @@ impl Producer {
         Ok(match t.backend {
             Backend::Redis => {
                 let b = RedisBroker::from_url(&t.url);
-                b.connect().await?;
+                Inspect::connect(&b).await?;
                 Producer::Redis(b, t.queue.clone())
             }
             Backend::Postgres => {
                 let r = pg_route(&t.url);
-                r.connect().await?;
+                Inspect::connect(&r).await?;
                 Producer::Postgres(r, t.queue.clone())
             }
             Backend::Sqlite => {
                 let r = lite_route(&t.url);
-                r.connect().await?;
+                Inspect::connect(&r).await?;
                 Producer::Sqlite(r, t.queue.clone())
             }
         })
