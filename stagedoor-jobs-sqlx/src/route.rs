@@ -353,7 +353,7 @@ pub(crate) async fn fetch_in<DB: Dialect>(
 }
 
 /// Moving jobs: each method is in the file of its step (see the module's documentation).
-/// Every answer passes [`SqlxBroker::noted`], which remembers connection errors (the outage
+/// Every answer passes `SqlxBroker::noted`, which remembers connection errors (the outage
 /// rule of the claim).
 impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
     type Receipt = SqlReceipt;
