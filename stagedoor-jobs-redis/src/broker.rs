@@ -26,7 +26,7 @@ use stagedoor_jobs::broker::{
     Broker, BrokerError, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo, Problem,
     Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
 };
-use stagedoor_jobs::{Clock, Envelope};
+use stagedoor_jobs::{Activity, Clock, Envelope};
 use tokio::sync::OnceCell;
 
 use crate::conn::{Conn, Target, cluster_client};
@@ -329,6 +329,46 @@ impl DeadLetters for RedisBroker {
 
     fn default_dead_letter(&self, queue: &str) -> String {
         format!("{queue}{DEAD_SUFFIX}")
+    }
+}
+
+// PLACEHOLDER(i15): replaced by the backend's own implementation before this branch lands.
+impl Activity for RedisBroker {
+    async fn report(
+        &self,
+        _worker: &stagedoor_jobs::activity::WorkerReport,
+        _counts: &[stagedoor_jobs::activity::QueueCounts],
+        _ttl: Duration,
+    ) -> Result<(), BrokerError> {
+        Err(BrokerError::Backend(
+            "activity reports are not stored by this backend yet".to_owned(),
+        ))
+    }
+
+    async fn workers(&self) -> Result<Vec<stagedoor_jobs::activity::WorkerReport>, BrokerError> {
+        Err(BrokerError::Backend(
+            "activity reports are not stored by this backend yet".to_owned(),
+        ))
+    }
+
+    async fn throughput(
+        &self,
+        _queue: &str,
+        _since: DateTime<Utc>,
+    ) -> Result<Vec<stagedoor_jobs::activity::MinuteCounts>, BrokerError> {
+        Err(BrokerError::Backend(
+            "activity reports are not stored by this backend yet".to_owned(),
+        ))
+    }
+
+    async fn delayed(
+        &self,
+        _queue: &str,
+        _limit: usize,
+    ) -> Result<Vec<stagedoor_jobs::activity::DelayedJob>, BrokerError> {
+        Err(BrokerError::Backend(
+            "activity reports are not stored by this backend yet".to_owned(),
+        ))
     }
 }
 
