@@ -14,7 +14,7 @@ use super::support::{connected, job};
 use crate::activity::{
     Activity, MinuteCounts, QueueCounts, ScheduleReport, WorkerQueue, WorkerReport, minute_of,
 };
-use crate::broker::{Broker, Inspect, Settlement};
+use crate::broker::{Broker, Settlement};
 use crate::clock::chrono_duration;
 use crate::outcome::{Failure, FailureCause};
 
