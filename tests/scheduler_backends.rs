@@ -22,6 +22,7 @@ mod common;
 #[allow(dead_code)]
 mod hold_expiry;
 
+use stagedoor_jobs::Activity;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
@@ -1676,6 +1677,39 @@ impl<B: Broker> Locks for Dying<B> {
         tick: DateTime<Utc>,
     ) -> Result<(), stagedoor_jobs::BrokerError> {
         self.inner.mark_tick(schedule, tick).await
+    }
+}
+
+impl<B: Broker> Activity for Dying<B> {
+    async fn report(
+        &self,
+        worker: &stagedoor_jobs::activity::WorkerReport,
+        counts: &[stagedoor_jobs::activity::QueueCounts],
+        ttl: Duration,
+    ) -> Result<(), stagedoor_jobs::BrokerError> {
+        self.inner.report(worker, counts, ttl).await
+    }
+
+    async fn workers(
+        &self,
+    ) -> Result<Vec<stagedoor_jobs::activity::WorkerReport>, stagedoor_jobs::BrokerError> {
+        self.inner.workers().await
+    }
+
+    async fn throughput(
+        &self,
+        queue: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<stagedoor_jobs::activity::MinuteCounts>, stagedoor_jobs::BrokerError> {
+        self.inner.throughput(queue, since).await
+    }
+
+    async fn delayed(
+        &self,
+        queue: &str,
+        limit: usize,
+    ) -> Result<Vec<stagedoor_jobs::activity::DelayedJob>, stagedoor_jobs::BrokerError> {
+        self.inner.delayed(queue, limit).await
     }
 }
 

@@ -4,6 +4,7 @@
 //! the in-memory broker in [`Faulty`], which misbehaves as asked; the last one checks that the
 //! SQL backend starts its acknowledgement task again once it is gone.
 
+use stagedoor_jobs::Activity;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -150,6 +151,39 @@ impl Locks for Faulty {
 
     async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
         self.inner.mark_tick(schedule, tick).await
+    }
+}
+
+impl Activity for Faulty {
+    async fn report(
+        &self,
+        worker: &stagedoor_jobs::activity::WorkerReport,
+        counts: &[stagedoor_jobs::activity::QueueCounts],
+        ttl: Duration,
+    ) -> Result<(), stagedoor_jobs::BrokerError> {
+        self.inner.report(worker, counts, ttl).await
+    }
+
+    async fn workers(
+        &self,
+    ) -> Result<Vec<stagedoor_jobs::activity::WorkerReport>, stagedoor_jobs::BrokerError> {
+        self.inner.workers().await
+    }
+
+    async fn throughput(
+        &self,
+        queue: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<stagedoor_jobs::activity::MinuteCounts>, stagedoor_jobs::BrokerError> {
+        self.inner.throughput(queue, since).await
+    }
+
+    async fn delayed(
+        &self,
+        queue: &str,
+        limit: usize,
+    ) -> Result<Vec<stagedoor_jobs::activity::DelayedJob>, stagedoor_jobs::BrokerError> {
+        self.inner.delayed(queue, limit).await
     }
 }
 

@@ -11,6 +11,7 @@
 //! | `publish.rs` | publish, publish_once |
 //! | `dead.rs` | dead-lettering, dead letters, replay, purge |
 //! | `schedule.rs` | the scheduler's locks and ticks |
+//! | `activity.rs` | workers' reports, per-minute counts, delayed jobs |
 //! | `stats.rs` | stats, queues, dead_len, next_due, server_time |
 //! | `errors.rs` | how the server's errors are read |
 //! | `scripts.rs` | the Lua scripts |
@@ -22,11 +23,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use stagedoor_jobs::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport};
 use stagedoor_jobs::broker::{
     Broker, BrokerError, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo, Problem,
     Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
 };
-use stagedoor_jobs::{Clock, Envelope};
+use stagedoor_jobs::{Activity, Clock, Envelope};
 use tokio::sync::OnceCell;
 
 use crate::conn::{Conn, Target, cluster_client};
@@ -329,6 +331,33 @@ impl DeadLetters for RedisBroker {
 
     fn default_dead_letter(&self, queue: &str) -> String {
         format!("{queue}{DEAD_SUFFIX}")
+    }
+}
+
+impl Activity for RedisBroker {
+    async fn report(
+        &self,
+        worker: &WorkerReport,
+        counts: &[QueueCounts],
+        ttl: Duration,
+    ) -> Result<(), BrokerError> {
+        self.report(worker, counts, ttl).await
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerReport>, BrokerError> {
+        self.workers().await
+    }
+
+    async fn throughput(
+        &self,
+        queue: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<MinuteCounts>, BrokerError> {
+        self.throughput(queue, since).await
+    }
+
+    async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<DelayedJob>, BrokerError> {
+        self.delayed(queue, limit).await
     }
 }
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::activity::Activity;
 use crate::clock::Clock;
 use crate::envelope::{Envelope, JobId};
 use crate::outcome::Failure;
@@ -384,9 +385,9 @@ pub trait Locks: Inspect {
 }
 
 /// A backend: where jobs are stored and how they move (claim, renew, settle, publish). See the
-/// [module docs](self). It is also [`DeadLetters`], [`Locks`] and [`Inspect`]: the runtime
-/// needs every part.
-pub trait Broker: DeadLetters + Locks {
+/// [module docs](self). It is also [`DeadLetters`], [`Locks`], [`Activity`] and [`Inspect`]:
+/// the runtime needs every part.
+pub trait Broker: DeadLetters + Locks + Activity {
     /// What a delivery carries to be settled or renewed.
     type Receipt: Send + Sync + 'static;
 

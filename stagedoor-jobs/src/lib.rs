@@ -55,6 +55,7 @@
 #[allow(unused_extern_crates)]
 extern crate self as stagedoor_jobs;
 
+pub mod activity;
 mod backoff;
 pub mod broker;
 mod clock;
@@ -68,11 +69,13 @@ mod monitor;
 mod mount;
 mod outcome;
 mod panic;
+mod report;
 mod runtime;
 pub mod schedule;
 mod service;
 mod subscription;
 pub mod supervise;
+mod tally;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -81,6 +84,7 @@ pub mod memory;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use activity::Activity;
 pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate, UNCAPPED_FLOOR};
 pub use broker::{
     Broker, BrokerError, DeadLetter, DeadLetters, DeadSelector, Inspect, Locks, Publish, Published,

@@ -18,7 +18,9 @@ use crate::broker::{
 use crate::clock::Clock;
 use crate::envelope::Job;
 use crate::handler::BoxFuture;
+use crate::health::lock;
 use crate::mount::{MountSpec, RouteBuilder};
+use crate::tally::{QueueActivity, Tally};
 
 /// A route with its broker type erased. (Some methods serve only the test harness.)
 #[cfg_attr(not(feature = "testing"), allow(dead_code))]
@@ -78,11 +80,22 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
         dead: &'a str,
         sel: &'a DeadSelector,
     ) -> BoxFuture<'a, Result<u64, BrokerError>>;
+    /// The queues started by [`spawn`](Self::spawn): their in-flight counters and tallies.
+    fn activity(&self) -> Vec<Arc<QueueActivity>>;
+    /// [`Activity::report`](crate::Activity::report) through the broker.
+    fn report<'a>(
+        &'a self,
+        worker: &'a crate::activity::WorkerReport,
+        counts: &'a [crate::activity::QueueCounts],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BrokerError>>;
 }
 
 pub(crate) struct RouteRuntime<B> {
     broker: B,
     mounts: Vec<MountSpec>,
+    /// The queues `spawn` started, for the worker reports.
+    activity: Mutex<Vec<Arc<QueueActivity>>>,
 }
 
 impl<B: Broker> RouteRuntime<B> {
@@ -90,6 +103,7 @@ impl<B: Broker> RouteRuntime<B> {
         Self {
             broker: builder.broker,
             mounts: builder.mounts,
+            activity: Mutex::new(Vec::new()),
         }
     }
 }
@@ -178,13 +192,22 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                 q.slots += m.spec.concurrency.max(1);
             }
             let mut handles = Vec::new();
+            let mut activity = Vec::new();
             for q in queues {
                 self.broker.prepare(&q.name).await?;
                 let capacity = q.slots + (q.slots / 2).min(MAX_BATCH);
+                let health = ctx.board.queue(&q.name, self.broker.backend());
+                let tally = Arc::new(Tally::default());
+                activity.push(Arc::new(QueueActivity {
+                    queue: q.name.to_string(),
+                    in_flight: Arc::clone(&health.in_flight),
+                    tally: Arc::clone(&tally),
+                }));
                 let worker = Worker {
                     broker: self.broker.clone(),
                     mounts: Arc::clone(&mounts),
-                    health: ctx.board.queue(&q.name, self.broker.backend()),
+                    tally,
+                    health,
                     queue: Arc::new(q),
                     ctx: ctx.clone(),
                     capacity,
@@ -193,6 +216,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                 };
                 handles.push(tokio::spawn(Arc::new(worker).run()));
             }
+            *lock(&self.activity) = activity;
             Ok(handles)
         })
     }
@@ -302,5 +326,21 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
         sel: &'a DeadSelector,
     ) -> BoxFuture<'a, Result<u64, BrokerError>> {
         Box::pin(self.broker.purge(dead, sel))
+    }
+    fn activity(&self) -> Vec<Arc<QueueActivity>> {
+        lock(&self.activity).clone()
+    }
+    fn report<'a>(
+        &'a self,
+        worker: &'a crate::activity::WorkerReport,
+        counts: &'a [crate::activity::QueueCounts],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(crate::activity::Activity::report(
+            &self.broker,
+            worker,
+            counts,
+            ttl,
+        ))
     }
 }

@@ -97,6 +97,7 @@ impl<B: Broker> Worker<B> {
                         tracing::info!("settled after {failures} failed tries");
                     }
                     crate::counters::count(&self.queue.name, delivery.envelope.kind(), &settlement);
+                    self.tally.count(&settlement, self.broker.clock().now());
                     if matches!(settlement, Settlement::DeadLetter { .. }) {
                         self.ctx.dead_lettered.notify_one();
                     }

@@ -15,6 +15,7 @@ use crate::broker::{Broker, Delivery};
 use crate::health::{TaskCell, lock};
 use crate::mount::MountSpec;
 use crate::supervise::supervise;
+use crate::tally::Tally;
 
 /// How long one claim waits for work before the loop checks for shutdown.
 const CLAIM_WAIT: Duration = Duration::from_millis(500);
@@ -81,6 +82,8 @@ pub(super) struct Worker<B> {
     pub(super) running: Mutex<JoinSet<()>>,
     /// What the queue's health reports.
     pub(super) health: Arc<TaskCell>,
+    /// The queue's outcomes per minute, for the worker reports.
+    pub(super) tally: Arc<Tally>,
 }
 
 impl<B: Broker> Worker<B> {

@@ -30,6 +30,9 @@ pub(crate) struct Bound {
 pub(crate) struct Progress {
     pub(crate) caught_up_to: Option<DateTime<Utc>>,
     pub(crate) next_tick: Option<DateTime<Utc>>,
+    /// Each schedule's next tick, in the order the scheduler was given them (what workers
+    /// report).
+    pub(crate) ticks: Vec<Option<DateTime<Utc>>>,
 }
 
 /// One schedule's state in the loop: its next tick, and the due ticks whose enqueue failed (the
@@ -144,6 +147,7 @@ fn publish_progress(progress: &watch::Sender<Progress>, now: DateTime<Utc>, pend
     progress.send_replace(Progress {
         caught_up_to: Some(now),
         next_tick: pending.iter().filter_map(|p| p.next).min(),
+        ticks: pending.iter().map(|p| p.next).collect(),
     });
 }
 
