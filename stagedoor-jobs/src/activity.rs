@@ -3,18 +3,18 @@
 //! schedules, last heartbeat) and each queue's processed, failed and dead-lettered jobs per
 //! minute.
 //!
+//! The trait through which they go is [`Activity`](crate::Activity), in `broker.rs` with the
+//! rest of the contract; this file holds what it exchanges.
+//!
 //! The runtime counts outcomes in memory (atomic counters, nothing on the job path) and a
 //! supervised task sends them with the worker's report every [`REPORT_EVERY`]; a report not
 //! renewed within [`REPORT_TTL`] is gone (the worker stopped or died). Backends keep the
 //! per-minute counts for [`COUNTS_KEPT`].
 
-use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-
-use crate::broker::{BrokerError, Inspect};
 
 /// How often a running service reports.
 pub const REPORT_EVERY: Duration = Duration::from_secs(5);
@@ -218,37 +218,4 @@ impl DelayedJob {
             attempt,
         }
     }
-}
-
-/// What services report through a backend and what a dashboard reads back: live workers,
-/// per-minute counts, delayed jobs. Every backend implements it; the runtime reports through it
-/// every [`REPORT_EVERY`].
-pub trait Activity: Inspect {
-    /// Records `worker` (replacing its previous report; gone after `ttl` without another) and
-    /// adds `counts` to each queue's per-minute counts (kept [`COUNTS_KEPT`]). One call per
-    /// report; a failed call loses only this report's counts (the runtime logs it).
-    fn report(
-        &self,
-        worker: &WorkerReport,
-        counts: &[QueueCounts],
-        ttl: Duration,
-    ) -> impl Future<Output = Result<(), BrokerError>> + Send;
-
-    /// The workers whose last report has not expired, by id.
-    fn workers(&self) -> impl Future<Output = Result<Vec<WorkerReport>, BrokerError>> + Send;
-
-    /// The per-minute counts of `queue` from the minute holding `since` on, oldest first;
-    /// minutes with nothing counted are left out.
-    fn throughput(
-        &self,
-        queue: &str,
-        since: DateTime<Utc>,
-    ) -> impl Future<Output = Result<Vec<MinuteCounts>, BrokerError>> + Send;
-
-    /// The delayed jobs of `queue` (due later than now), soonest first, at most `limit`.
-    fn delayed(
-        &self,
-        queue: &str,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<DelayedJob>, BrokerError>> + Send;
 }

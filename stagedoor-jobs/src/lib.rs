@@ -84,11 +84,10 @@ pub mod memory;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use activity::Activity;
 pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate, UNCAPPED_FLOOR};
 pub use broker::{
-    Broker, BrokerError, DeadLetter, DeadLetters, DeadSelector, Inspect, Locks, Publish, Published,
-    QueueStats, ReplayReport,
+    Activity, Broker, BrokerError, DeadLetter, DeadLetters, DeadSelector, Inspect, Locks, Publish,
+    Published, QueueStats, ReplayReport,
 };
 pub use clock::{Clock, SYNC_EVERY};
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt};

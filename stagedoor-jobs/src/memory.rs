@@ -10,8 +10,9 @@ use chrono::{DateTime, Utc};
 use tokio::sync::Notify;
 
 use crate::activity::{
-    Activity, COUNTS_KEPT, DelayedJob, MinuteCounts, QueueCounts, WorkerReport, minute_of,
+    COUNTS_KEPT, DelayedJob, MinuteCounts, QueueCounts, WorkerReport, minute_of,
 };
+use crate::broker::Activity;
 use crate::broker::{
     Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, Published,
     QueueStats, ReplayReport, Settled, Settlement,

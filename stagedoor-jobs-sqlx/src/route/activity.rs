@@ -10,9 +10,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use stagedoor_jobs::Activity;
 use stagedoor_jobs::Inbox;
 use stagedoor_jobs::activity::{
-    Activity, COUNTS_KEPT, DelayedJob, MinuteCounts, QueueCounts, WorkerReport, minute_of,
+    COUNTS_KEPT, DelayedJob, MinuteCounts, QueueCounts, WorkerReport, minute_of,
 };
 use stagedoor_jobs::broker::{BrokerError, chrono_duration};
 

@@ -12,8 +12,9 @@ use chrono::{DateTime, Utc};
 use super::fixture::Fixture;
 use super::support::{connected, job};
 use crate::activity::{
-    Activity, MinuteCounts, QueueCounts, ScheduleReport, WorkerQueue, WorkerReport, minute_of,
+    MinuteCounts, QueueCounts, ScheduleReport, WorkerQueue, WorkerReport, minute_of,
 };
+use crate::broker::Activity;
 use crate::broker::{Broker, Settlement};
 use crate::clock::chrono_duration;
 use crate::outcome::{Failure, FailureCause};

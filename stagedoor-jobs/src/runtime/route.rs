@@ -336,7 +336,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
         counts: &'a [crate::activity::QueueCounts],
         ttl: Duration,
     ) -> BoxFuture<'a, Result<(), BrokerError>> {
-        Box::pin(crate::activity::Activity::report(
+        Box::pin(crate::broker::Activity::report(
             &self.broker,
             worker,
             counts,
