@@ -47,6 +47,12 @@ fn service<B: Broker>(broker: B, ran: &Arc<Ran>) -> Service {
     let dead = broker.default_dead_letter(BAD);
     Service::new(AppInfo::new("activity-test", "9.9.9"))
         .state(Arc::clone(ran))
+        // Never due during the test: reported, enqueues nothing.
+        .schedule(
+            Schedule::every("act_daily", Duration::from_secs(86_400))
+                .on(GOOD)
+                .missed(Missed::Skip),
+        )
         .with_broker(broker, move |b| {
             b.include(Subscriber::new(GOOD, succeeds).name("succeeds"))
                 .concurrency(3);
@@ -159,6 +165,23 @@ async fn reports_on<B: Broker>(broker: B, direct: B) {
     .await;
     let now = renewed.iter().find(|r| r.id == me.id).expect("listed");
     assert_eq!(now.started_at, me.started_at, "the same service start");
+    let [schedule] = &now.schedules[..] else {
+        panic!("one schedule is reported: {now:?}");
+    };
+    assert_eq!(
+        (schedule.name.as_str(), schedule.queue.as_str()),
+        ("act_daily", GOOD)
+    );
+    assert_eq!(
+        (schedule.when.as_str(), schedule.missed.as_str()),
+        ("every 1d", "skip")
+    );
+    assert_eq!(schedule.last_tick, None, "no tick yet");
+    let next = schedule.next_tick.expect("the next tick is reported");
+    assert!(
+        next > now.heartbeat_at && next <= now.heartbeat_at + chrono::Duration::days(1),
+        "{schedule:?}"
+    );
     assert!(
         now.queues.iter().all(|q| q.in_flight == 0),
         "nothing runs now: {now:?}"
