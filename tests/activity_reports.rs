@@ -1,7 +1,8 @@
 //! What a running service reports through its backend (issue 15): a service with a handler that
 //! succeeds and one that always fails runs on SQLite, on Redis (real servers) and on the memory
 //! broker; its worker is then listed by `workers()` with its queues, `throughput` shows the
-//! processed, failed and dead counts, and after the service stops its report is gone.
+//! processed, failed and dead counts, and after the service stops its report is gone. A report
+//! the backend refuses is logged once and its counts go with the next report that succeeds.
 //!
 //! Servers come from `scripts/test-all` (`REDIS_URL`); a missing variable fails the test. Every
 //! test has its own SQLite file or Redis namespace.
@@ -10,8 +11,8 @@ mod common;
 #[allow(dead_code)]
 mod common_redis;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -47,6 +48,12 @@ fn service<B: Broker>(broker: B, ran: &Arc<Ran>) -> Service {
     let dead = broker.default_dead_letter(BAD);
     Service::new(AppInfo::new("activity-test", "9.9.9"))
         .state(Arc::clone(ran))
+        // Never due during the test: reported, enqueues nothing.
+        .schedule(
+            Schedule::every("act_daily", Duration::from_secs(86_400))
+                .on(GOOD)
+                .missed(Missed::Skip),
+        )
         .with_broker(broker, move |b| {
             b.include(Subscriber::new(GOOD, succeeds).name("succeeds"))
                 .concurrency(3);
@@ -159,6 +166,23 @@ async fn reports_on<B: Broker>(broker: B, direct: B) {
     .await;
     let now = renewed.iter().find(|r| r.id == me.id).expect("listed");
     assert_eq!(now.started_at, me.started_at, "the same service start");
+    let [schedule] = &now.schedules[..] else {
+        panic!("one schedule is reported: {now:?}");
+    };
+    assert_eq!(
+        (schedule.name.as_str(), schedule.queue.as_str()),
+        ("act_daily", GOOD)
+    );
+    assert_eq!(
+        (schedule.when.as_str(), schedule.missed.as_str()),
+        ("every 1d", "skip")
+    );
+    assert_eq!(schedule.last_tick, None, "no tick yet");
+    let next = schedule.next_tick.expect("the next tick is reported");
+    assert!(
+        next > now.heartbeat_at && next <= now.heartbeat_at + chrono::Duration::days(1),
+        "{schedule:?}"
+    );
     assert!(
         now.queues.iter().all(|q| q.in_flight == 0),
         "nothing runs now: {now:?}"
@@ -208,4 +232,137 @@ async fn a_service_on_redis_reports_its_worker_and_counts() {
 async fn a_service_on_the_memory_broker_reports_its_worker_and_counts() {
     let broker = MemoryBroker::new();
     reports_on(broker.clone(), broker).await;
+}
+
+/// The messages of the reporter's events, with their level.
+#[derive(Clone, Default)]
+struct Logged(Arc<Mutex<Vec<(tracing::Level, String)>>>);
+
+impl Logged {
+    fn count(&self, level: tracing::Level, starts: &str) -> usize {
+        self.0
+            .lock()
+            .expect("log lock")
+            .iter()
+            .filter(|(l, m)| *l == level && m.starts_with(starts))
+            .count()
+    }
+}
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Logged {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        if m.0.contains("worker report") {
+            self.0
+                .lock()
+                .expect("log lock")
+                .push((*event.metadata().level(), m.0));
+        }
+    }
+}
+
+/// A report the backend refuses (SQLite's `stagedoor_workers` has the wrong columns) is
+/// logged once as a warning, then at debug level; its counts are sent again with the next
+/// report, which the fixed table takes.
+#[test]
+fn a_failed_report_warns_once_and_keeps_its_counts() {
+    use tracing_subscriber::layer::SubscriberExt;
+    const FAILED: &str = "the worker report failed";
+    let logged = Logged::default();
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::Registry::default().with(logged.clone()),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        let url = fresh_sqlite_url("activity_failing");
+        let mut conn = sqlx::SqliteConnection::connect(&url)
+            .await
+            .expect("create the database");
+        sqlx::raw_sql(SQLITE_CONF_SCHEMA)
+            .execute(&mut conn)
+            .await
+            .expect("create the table");
+        sqlx::raw_sql("CREATE TABLE stagedoor_workers (unrelated INTEGER)")
+            .execute(&mut conn)
+            .await
+            .expect("create the wrong table");
+        let broker = SqlxBroker::from_url(url, sqlx::sqlite::SqlitePoolOptions::new())
+            .poll_interval(Duration::from_millis(20));
+        let route = broker.route::<ConfRow>("cf");
+        let direct = route.clone();
+        let ran = Arc::new(Ran::default());
+        let running = service(route, &ran).start().await.expect("starts");
+        direct.connect().await.expect("connect");
+        for n in 0..2 {
+            running
+                .publish(Job::new(GOOD, &serde_json::json!({ "n": n })).expect("job"))
+                .await
+                .expect("publish");
+        }
+        // Two failed reports (at start and 5 s later).
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while logged.count(tracing::Level::WARN, FAILED) + logged.count(tracing::Level::DEBUG, FAILED)
+            < 2
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no second failed report: {:?}",
+                logged.0.lock().expect("log lock")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(ran.0.load(Ordering::SeqCst), 2, "the jobs ran meanwhile");
+        assert_eq!(
+            logged.count(tracing::Level::WARN, FAILED),
+            1,
+            "one warning for the whole outage: {:?}",
+            logged.0.lock().expect("log lock")
+        );
+        assert_eq!(totals(&direct, GOOD).await, (0, 0, 0), "nothing stored yet");
+
+        sqlx::raw_sql(
+            "DROP TABLE stagedoor_workers; CREATE TABLE stagedoor_workers (worker_id TEXT PRIMARY KEY, report TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL)",
+        )
+        .execute(&mut conn)
+        .await
+        .expect("fix the table");
+        conn.close().await.expect("close");
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while totals(&direct, GOOD).await != (2, 0, 0) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the counts of the failed reports were not sent with a later one: {:?}",
+                totals(&direct, GOOD).await
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            direct
+                .workers()
+                .await
+                .expect("workers")
+                .iter()
+                .any(|w| w.app == "activity-test 9.9.9"),
+            "the worker is listed again"
+        );
+        assert_eq!(
+            logged.count(tracing::Level::INFO, "worker reports stored again"),
+            1
+        );
+        running.shutdown().await;
+    });
 }

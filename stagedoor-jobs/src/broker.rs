@@ -390,7 +390,8 @@ pub trait Locks: Inspect {
 pub trait Activity: Inspect {
     /// Records `worker` (replacing its previous report; gone after `ttl` without another) and
     /// adds `counts` to each queue's per-minute counts (kept [`COUNTS_KEPT`](crate::activity::COUNTS_KEPT)). One call per
-    /// report; a failed call loses only this report's counts (the runtime logs it).
+    /// report; after a failed call the runtime logs it and sends the same counts again with
+    /// the next report.
     fn report(
         &self,
         worker: &WorkerReport,

@@ -238,10 +238,16 @@ impl Reporter {
             .unwrap_or_default();
         for s in &r.schedules {
             let mut report = ScheduleReport::new(&s.name, &s.queue, &s.when, &s.missed);
-            report.last_tick = r.route.last_tick(&s.name).await.unwrap_or_else(|e| {
-                tracing::debug!(schedule = %s.name, error = %e, "cannot read the schedule's last tick for the worker report");
-                None
-            });
+            // Bounded: a backend that does not answer must not hold up the counts' report.
+            let last = tokio::time::timeout(REPORT_EVERY, r.route.last_tick(&s.name)).await;
+            report.last_tick = match last {
+                Ok(Ok(t)) => t,
+                Ok(Err(e)) => {
+                    tracing::debug!(schedule = %s.name, error = %e, "cannot read the schedule's last tick for the worker report");
+                    None
+                }
+                Err(_) => None,
+            };
             report.next_tick = ticks.get(s.index).copied().flatten();
             worker.schedules.push(report);
         }
