@@ -776,6 +776,18 @@ async fn pages_carry_security_headers_and_paging_works() {
         set.contains("HttpOnly") && set.contains("SameSite=Strict"),
         "{set}"
     );
+    assert!(!set.contains("Secure"), "plain HTTP: {set}");
+    let behind_tls = Web::new(web.router.clone())
+        .send(
+            Request::get("/workers")
+                .header("x-forwarded-proto", "https")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(behind_tls.status, StatusCode::OK);
+    let set = behind_tls.headers[header::SET_COOKIE].to_str().unwrap();
+    assert!(set.contains("; Secure"), "behind a TLS proxy: {set}");
     assert_eq!(r.count("<tr data-id="), 50, "a page holds 50");
     assert!(r.body.contains("page 1 of 3"));
     let r = web.get("/dead?dl=q.dead&page=3").await;

@@ -59,6 +59,9 @@ pub(crate) struct ReqCtx {
     pub(crate) csrf_sent: Option<String>,
     /// The session cookie this request came with, if any (and valid).
     pub(crate) session: Option<String>,
+    /// Whether the request came over HTTPS (its URI, or `X-Forwarded-Proto: https` from a
+    /// proxy): the cookies are then `Secure`.
+    pub(crate) https: bool,
 }
 
 impl ReqCtx {
@@ -86,9 +89,15 @@ impl ReqCtx {
         }
     }
 
-    /// The `Path` of the dashboard's cookies.
-    pub(crate) fn cookie_path(&self) -> String {
-        self.home()
+    /// A `Set-Cookie` value for one of the dashboard's cookies (`HttpOnly`, `SameSite=Strict`,
+    /// the mount point's path, `Secure` over HTTPS); `max_age` 0 deletes it.
+    pub(crate) fn cookie(&self, name: &str, value: &str, max_age: Option<u64>) -> String {
+        let age = max_age.map_or(String::new(), |s| format!("; Max-Age={s}"));
+        let secure = if self.https { "; Secure" } else { "" };
+        format!(
+            "{name}={value}; Path={}; HttpOnly; SameSite=Strict{age}{secure}",
+            self.home()
+        )
     }
 }
 
@@ -154,12 +163,6 @@ pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
         .filter_map(|kv| kv.trim().split_once('='))
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v.trim())
-}
-
-/// A `Set-Cookie` value for the dashboard (HttpOnly, SameSite=Strict); `max_age` 0 deletes.
-pub(crate) fn set_cookie(name: &str, value: &str, path: &str, max_age: Option<u64>) -> String {
-    let age = max_age.map_or(String::new(), |s| format!("; Max-Age={s}"));
-    format!("{name}={value}; Path={path}; HttpOnly; SameSite=Strict{age}")
 }
 
 /// Where the dashboard is mounted, from the full path and the path the router saw. Only
@@ -252,11 +255,18 @@ pub(crate) async fn guard<B: Backend>(
         },
     };
     let (ok, session) = authorized(&app, req.headers());
+    let https = req.uri().scheme_str() == Some("https")
+        || req
+            .headers()
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.eq_ignore_ascii_case("https"));
     let ctx = ReqCtx {
         base,
         csrf,
         csrf_sent,
         session,
+        https,
     };
     let public = path.starts_with("/assets/") || path == "/login";
     let mut resp = if ok || public {
@@ -265,14 +275,7 @@ pub(crate) async fn guard<B: Backend>(
     } else {
         crate::pages::login::refuse(&app, &ctx, path.starts_with("/api/"))
     };
-    if new_csrf
-        && let Ok(v) = HeaderValue::from_str(&set_cookie(
-            CSRF_COOKIE,
-            &ctx.csrf,
-            &ctx.cookie_path(),
-            None,
-        ))
-    {
+    if new_csrf && let Ok(v) = HeaderValue::from_str(&ctx.cookie(CSRF_COOKIE, &ctx.csrf, None)) {
         resp.headers_mut().append(header::SET_COOKIE, v);
     }
     with_headers(resp)

@@ -13,7 +13,7 @@ use maud::{Markup, html};
 use crate::data::{App, Backend};
 use crate::params::Params;
 use crate::render::{self, Tab};
-use crate::security::{Auth, ReqCtx, SESSION_COOKIE, SESSION_TTL, set_cookie, token_eq};
+use crate::security::{Auth, ReqCtx, SESSION_COOKIE, SESSION_TTL, token_eq};
 
 /// The sign-in form.
 fn form(ctx: &ReqCtx, error: Option<&str>) -> Markup {
@@ -119,12 +119,9 @@ pub(crate) async fn submit<B: Backend>(
         );
     };
     let mut resp = Redirect::to(&ctx.home()).into_response();
-    if let Ok(v) = HeaderValue::from_str(&set_cookie(
-        SESSION_COOKIE,
-        &session,
-        &ctx.cookie_path(),
-        Some(SESSION_TTL.as_secs()),
-    )) {
+    if let Ok(v) =
+        HeaderValue::from_str(&ctx.cookie(SESSION_COOKIE, &session, Some(SESSION_TTL.as_secs())))
+    {
         resp.headers_mut().append(header::SET_COOKIE, v);
     }
     resp
@@ -144,9 +141,7 @@ pub(crate) async fn logout<B: Backend>(
         app.sessions.end(s);
     }
     let mut resp = Redirect::to(&ctx.url("/login")).into_response();
-    if let Ok(v) =
-        HeaderValue::from_str(&set_cookie(SESSION_COOKIE, "", &ctx.cookie_path(), Some(0)))
-    {
+    if let Ok(v) = HeaderValue::from_str(&ctx.cookie(SESSION_COOKIE, "", Some(0))) {
         resp.headers_mut().append(header::SET_COOKIE, v);
     }
     resp

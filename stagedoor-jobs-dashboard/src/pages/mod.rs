@@ -29,6 +29,7 @@ pub(crate) async fn not_found<B: Backend>(
         csrf: String::new(),
         csrf_sent: None,
         session: None,
+        https: false,
     });
     let body = html! { p { "There is no such page. The tabs above lead to every page." } };
     render::respond(
