@@ -260,7 +260,13 @@ async fn main() -> Result<(), BoxError> {
             .await
     });
     match settle.await {
-        Ok(dead) => println!("{dead} jobs in the dead letter orders.dead; Ctrl-C stops"),
+        Ok(dead) => println!(
+            "{dead} jobs in the dead letter orders.dead; {}",
+            match exit_after {
+                Some(d) => format!("stopping {:.0} s after start", d.as_secs_f64()),
+                None => "Ctrl-C stops".to_owned(),
+            }
+        ),
         Err(e) => eprintln!("could not count the dead letters: {e}"),
     }
     server.await??;
