@@ -69,6 +69,7 @@ mod monitor;
 mod mount;
 mod outcome;
 mod panic;
+mod report;
 mod runtime;
 pub mod schedule;
 mod service;

@@ -23,6 +23,7 @@ use crate::health::{Board, TaskCell, lock};
 use crate::mount::{MountSpec, OnDecodeError, RouteBuilder};
 use crate::outcome::{Failure, FailureCause, Verdict};
 use crate::panic::CatchPanic;
+use crate::report::{QueueActivity, Tally};
 use crate::supervise::{RestartLimit, supervise};
 
 /// The shortest time between two renewals of one delivery's lease, whatever the broker says
@@ -124,6 +125,15 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
         dead: &'a str,
         sel: &'a DeadSelector,
     ) -> BoxFuture<'a, Result<u64, BrokerError>>;
+    /// The queues started by [`spawn`](Self::spawn): their in-flight counters and tallies.
+    fn activity(&self) -> Vec<Arc<QueueActivity>>;
+    /// [`Activity::report`](crate::Activity::report) through the broker.
+    fn report<'a>(
+        &'a self,
+        worker: &'a crate::activity::WorkerReport,
+        counts: &'a [crate::activity::QueueCounts],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BrokerError>>;
 }
 
 struct MountRt {
@@ -141,6 +151,8 @@ struct QueueRt {
 pub(crate) struct RouteRuntime<B> {
     broker: B,
     mounts: Vec<MountSpec>,
+    /// The queues `spawn` started, for the worker reports.
+    activity: Mutex<Vec<Arc<QueueActivity>>>,
 }
 
 impl<B: Broker> RouteRuntime<B> {
@@ -148,6 +160,7 @@ impl<B: Broker> RouteRuntime<B> {
         Self {
             broker: builder.broker,
             mounts: builder.mounts,
+            activity: Mutex::new(Vec::new()),
         }
     }
 }
@@ -236,13 +249,22 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                 q.slots += m.spec.concurrency.max(1);
             }
             let mut handles = Vec::new();
+            let mut activity = Vec::new();
             for q in queues {
                 self.broker.prepare(&q.name).await?;
                 let capacity = q.slots + (q.slots / 2).min(MAX_BATCH);
+                let health = ctx.board.queue(&q.name, self.broker.backend());
+                let tally = Arc::new(Tally::default());
+                activity.push(Arc::new(QueueActivity {
+                    queue: q.name.to_string(),
+                    in_flight: Arc::clone(&health.in_flight),
+                    tally: Arc::clone(&tally),
+                }));
                 let worker = Worker {
                     broker: self.broker.clone(),
                     mounts: Arc::clone(&mounts),
-                    health: ctx.board.queue(&q.name, self.broker.backend()),
+                    tally,
+                    health,
                     queue: Arc::new(q),
                     ctx: ctx.clone(),
                     capacity,
@@ -251,6 +273,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                 };
                 handles.push(tokio::spawn(Arc::new(worker).run()));
             }
+            *lock(&self.activity) = activity;
             Ok(handles)
         })
     }
@@ -361,6 +384,22 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
     ) -> BoxFuture<'a, Result<u64, BrokerError>> {
         Box::pin(self.broker.purge(dead, sel))
     }
+    fn activity(&self) -> Vec<Arc<QueueActivity>> {
+        lock(&self.activity).clone()
+    }
+    fn report<'a>(
+        &'a self,
+        worker: &'a crate::activity::WorkerReport,
+        counts: &'a [crate::activity::QueueCounts],
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<(), BrokerError>> {
+        Box::pin(crate::activity::Activity::report(
+            &self.broker,
+            worker,
+            counts,
+            ttl,
+        ))
+    }
 }
 
 /// Counts one delivery out of the service's in-flight count, and its queue's, when dropped
@@ -404,6 +443,8 @@ struct Worker<B> {
     running: Mutex<JoinSet<()>>,
     /// What the queue's health reports.
     health: Arc<TaskCell>,
+    /// The queue's outcomes per minute, for the worker reports.
+    tally: Arc<Tally>,
 }
 
 impl<B: Broker> Worker<B> {
@@ -771,6 +812,7 @@ impl<B: Broker> Worker<B> {
                         tracing::info!("settled after {failures} failed tries");
                     }
                     crate::counters::count(&self.queue.name, delivery.envelope.kind(), &settlement);
+                    self.tally.count(&settlement, self.broker.clock().now());
                     if matches!(settlement, Settlement::DeadLetter { .. }) {
                         self.ctx.dead_lettered.notify_one();
                     }

@@ -339,12 +339,41 @@ impl Schedule {
         self.queue.as_deref().unwrap_or("")
     }
 
+    /// When it ticks, as written (`every 5m`; `0 3 * * * (Europe/Prague)`), and what it does
+    /// with missed ticks (`skip`, `run once`, `run all`): what a worker reports of it.
+    pub(crate) fn described(&self) -> (String, String) {
+        let when = match &self.when {
+            When::Every(d) => format!("every {}", short_duration(*d)),
+            When::Cron { text, .. } => format!("{text} ({})", self.tz),
+        };
+        let missed = match self.missed {
+            Missed::Skip => "skip",
+            Missed::RunOnce => "run once",
+            Missed::RunAll => "run all",
+        };
+        (when, missed.to_owned())
+    }
+
     /// How long a tick's guard is kept: the record that the tick was enqueued.
     fn lock_ttl(&self) -> Duration {
         match &self.when {
             When::Every(p) => (*p * 2).max(Duration::from_secs(3600)),
             When::Cron { .. } => Duration::from_secs(25 * 3600),
         }
+    }
+}
+
+/// `d` as a schedule is written: `90s`, `5m`, `2h`, `1d`, `250ms`.
+fn short_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    if d.subsec_nanos() != 0 || secs == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    match secs {
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 
@@ -362,6 +391,9 @@ pub(crate) struct Bound {
 pub(crate) struct Progress {
     pub(crate) caught_up_to: Option<DateTime<Utc>>,
     pub(crate) next_tick: Option<DateTime<Utc>>,
+    /// Each schedule's next tick, in the order the scheduler was given them (what workers
+    /// report).
+    pub(crate) ticks: Vec<Option<DateTime<Utc>>>,
 }
 
 /// The most missed (or failed) ticks of one schedule kept to be enqueued.
@@ -479,6 +511,7 @@ fn publish_progress(progress: &watch::Sender<Progress>, now: DateTime<Utc>, pend
     progress.send_replace(Progress {
         caught_up_to: Some(now),
         next_tick: pending.iter().filter_map(|p| p.next).min(),
+        ticks: pending.iter().map(|p| p.next).collect(),
     });
 }
 
@@ -576,6 +609,29 @@ mod tests {
         DateTime::parse_from_rfc3339(s)
             .expect("a time")
             .with_timezone(&Utc)
+    }
+
+    #[test]
+    fn a_schedule_is_described_as_written() {
+        let d = |s: Schedule| s.described();
+        let every = |secs: u64| Schedule::every("s", Duration::from_secs(secs));
+        assert_eq!(d(every(300)).0, "every 5m");
+        assert_eq!(d(every(90)).0, "every 90s");
+        assert_eq!(d(every(7_200)).0, "every 2h");
+        assert_eq!(d(every(86_400)).0, "every 1d");
+        assert_eq!(
+            d(Schedule::every("s", Duration::from_millis(250))).0,
+            "every 250ms"
+        );
+        assert_eq!(
+            d(Schedule::cron("s", "0 3 * * *").in_tz(chrono_tz::Europe::Prague)),
+            (
+                "0 3 * * * (Europe/Prague)".to_owned(),
+                "run once".to_owned()
+            )
+        );
+        assert_eq!(d(every(60).missed(Missed::Skip)).1, "skip");
+        assert_eq!(d(every(60).missed(Missed::RunAll)).1, "run all");
     }
 
     #[test]

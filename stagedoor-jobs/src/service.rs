@@ -20,6 +20,7 @@ use crate::health::{Board, Health};
 use crate::monitor::{self, AlertHook, DeadLetterAlert};
 use crate::mount::{OnDecodeError, RouteBuilder};
 use crate::outcome::BoxError;
+use crate::report::{Reporter, ScheduleInfo};
 use crate::runtime::{ErasedRoute, Observer, RouteRuntime, RunCtx};
 use crate::schedule::{self, Bound, Progress, Schedule};
 use crate::supervise::{RestartLimit, supervise};
@@ -449,21 +450,38 @@ impl Service {
             )));
         }
         let mut progress = None;
+        // Each schedule as the worker reports of its route show it.
+        let mut reported: Vec<(usize, ScheduleInfo)> = Vec::new();
         if !self.schedules.is_empty() {
             let bound: Vec<Bound> = std::mem::take(&mut self.schedules)
                 .into_iter()
-                .map(|schedule| {
-                    let route = self
+                .enumerate()
+                .map(|(index, schedule)| {
+                    let at = self
                         .routes
                         .iter()
-                        .find(|r| {
+                        .position(|r| {
                             r.mounts()
                                 .iter()
                                 .any(|m| Some(m.queue.as_str()) == schedule.queue())
                         })
-                        .or_else(|| self.routes.first())
+                        .unwrap_or(0);
+                    let route = self
+                        .routes
+                        .get(at)
                         .map(Arc::clone)
                         .expect("checked: the service has a broker");
+                    let (when, missed) = schedule.described();
+                    reported.push((
+                        at,
+                        ScheduleInfo {
+                            index,
+                            name: schedule.name().to_owned(),
+                            queue: schedule.queue().unwrap_or_default().to_owned(),
+                            when,
+                            missed,
+                        },
+                    ));
                     Bound { schedule, route }
                 })
                 .collect();
@@ -475,6 +493,23 @@ impl Service {
                 Arc::clone(&board),
                 limit,
                 move || schedule::run(bound.clone(), clock.clone(), stop.clone(), Arc::clone(&tx)),
+            )));
+        }
+        if !self.routes.is_empty() {
+            let reporter = Arc::new(Reporter::new(
+                &self.app,
+                &self.routes,
+                reported,
+                progress.clone(),
+                Arc::clone(&in_flight),
+                self.shutdown_timeout,
+            ));
+            let stop = stop_rx.clone();
+            tasks.push(tokio::spawn(supervise(
+                board.task("activity"),
+                Arc::clone(&board),
+                limit,
+                move || Arc::clone(&reporter).run(stop.clone()),
             )));
         }
         tracing::info!(app = %self.app.name, version = %self.app.version, "service started");
