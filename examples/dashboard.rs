@@ -5,7 +5,8 @@
 //! `send_receipt`, `sync_inventory`) and queue `emails`. Its handler fails some jobs once (they
 //! are retried and pass), and some every time (three attempts, then the dead letter
 //! `orders.dead`); one receipt's payload holds a `<script>` (the dashboard shows it as text).
-//! Three emails wait an hour (delayed jobs). The dashboard is mounted at `/jobs`:
+//! Three emails wait an hour (delayed jobs); a schedule sends a digest every hour. The
+//! dashboard is mounted at `/jobs`:
 //!
 //! ```text
 //! cargo run --example dashboard                      # then open http://127.0.0.1:8787/jobs
@@ -206,6 +207,12 @@ async fn main() -> Result<(), BoxError> {
         .poll_interval(Duration::from_millis(50))
         .route::<ShopJob>("orders");
     let running = Service::new(AppInfo::new("shop", "0.1.0"))
+        // A schedule, for the dashboard's Scheduled page: its last and next tick.
+        .schedule(
+            Schedule::hourly("nightly_digest")
+                .on("emails")
+                .missed(Missed::Skip),
+        )
         .with_broker(route.clone(), |b| {
             b.include(work)
                 .max_attempts(nonzero!(3u32))
