@@ -867,6 +867,13 @@ async fn the_standalone_server_refuses_open_addresses_without_auth() {
     .await
     .expect("with auth, any address");
     drop(open);
+    let e = stagedoor_jobs_dashboard::bind(
+        Dashboard::new(b.clone()).auth(Auth::Token(String::new())),
+        "127.0.0.1:0",
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(e, ServeError::EmptySecret), "{e:?}");
     let server = stagedoor_jobs_dashboard::bind(Dashboard::new(b), "127.0.0.1:0")
         .await
         .expect("loopback without auth");

@@ -44,9 +44,9 @@ pub(crate) fn svg(minutes: &[MinuteCounts], now: DateTime<Utc>) -> Markup {
             let s = &mut slots[i as usize];
             *s = MinuteCounts::new(
                 s.minute,
-                s.processed + m.processed,
-                s.failed + m.failed,
-                s.dead + m.dead,
+                s.processed.saturating_add(m.processed),
+                s.failed.saturating_add(m.failed),
+                s.dead.saturating_add(m.dead),
             );
         }
     }
@@ -62,7 +62,7 @@ pub(crate) fn svg(minutes: &[MinuteCounts], now: DateTime<Utc>) -> Markup {
     let y = |v: u64| TOP + plot_h - plot_h * v as f64 / max as f64;
     let totals: Vec<u64> = SERIES
         .iter()
-        .map(|(_, _, f)| slots.iter().map(f).sum())
+        .map(|(_, _, f)| slots.iter().map(f).fold(0u64, u64::saturating_add))
         .collect();
     let label = format!(
         "Jobs per minute over the last hour: {} processed, {} failed, {} dead-lettered",

@@ -239,9 +239,9 @@ impl<B: Backend> App<B> {
                 Ok(minutes) => {
                     for m in minutes {
                         let e = sum.entry(minute_of(m.minute)).or_default();
-                        e.0 += m.processed;
-                        e.1 += m.failed;
-                        e.2 += m.dead;
+                        e.0 = e.0.saturating_add(m.processed);
+                        e.1 = e.1.saturating_add(m.failed);
+                        e.2 = e.2.saturating_add(m.dead);
                     }
                 }
                 Err(e) => {

@@ -174,6 +174,11 @@ pub enum ServeError {
         "refusing to serve the dashboard on {0} without authentication: anyone who reaches it could replay and purge jobs. Set `Dashboard::auth(Auth::Token(..))` or `Auth::Basic {{ .. }}` (command line: --auth-token-env VAR or --basic-auth-env VAR), or listen on loopback (127.0.0.1)"
     )]
     NoAuth(SocketAddr),
+    /// The authentication's secret (the token, the user or the password) is empty.
+    #[error(
+        "the dashboard's authentication has an empty secret: nobody could sign in. Set the token (or the user and password), e.g. from an environment variable that is set"
+    )]
+    EmptySecret,
     /// The address does not resolve.
     #[error("cannot resolve the listen address `{0}`: write host:port, e.g. 127.0.0.1:8787")]
     Resolve(String),
@@ -226,11 +231,20 @@ impl Server {
 }
 
 /// Binds a standalone dashboard to `listen` (`127.0.0.1:8787`, `[::1]:0`). Refuses an address
-/// beyond loopback when the dashboard has no [`auth`](Dashboard::auth).
+/// beyond loopback when the dashboard has no [`auth`](Dashboard::auth), and an authentication
+/// with an empty secret.
 pub async fn bind<B>(dashboard: Dashboard<B>, listen: &str) -> Result<Server, ServeError>
 where
     B: DeadLetters + Activity + Clone + Send + Sync + 'static,
 {
+    let empty = match &dashboard.auth {
+        Some(Auth::Token(t)) => t.is_empty(),
+        Some(Auth::Basic { user, password }) => user.is_empty() || password.is_empty(),
+        None => false,
+    };
+    if empty {
+        return Err(ServeError::EmptySecret);
+    }
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(listen)
         .await
         .map_err(|_| ServeError::Resolve(listen.to_owned()))?

@@ -592,7 +592,7 @@ pub(crate) async fn action<B: Backend>(
             Action::Purge => app
                 .call(app.broker().purge(&dl, s))
                 .await
-                .map(|n| purged += n),
+                .map(|n| purged = purged.saturating_add(n)),
         };
         if let Err(e) = done {
             error = Some(e);
