@@ -15,8 +15,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
+use stagedoor_jobs::broker::{Broker, Delivery, Inspect as _, Settled, Settlement};
+use stagedoor_jobs::{Failure, FailureCause, Job};
+use stagedoor_jobs_redis::RedisBroker;
+use stagedoor_jobs_sqlx::SqlxRoute;
 
 /// One browser test at a time: Chromium is heavy on a small machine, and the tests' timings
 /// stay those of one browser.
@@ -258,4 +263,122 @@ async fn harness_smoke() {
     screenshot(c, "smoke").await;
     assert!(std::env::var_os("I15_BOOM").is_none(), "boom");
     browser.close().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backends made for a test, filled through the broker's own API.
+// ---------------------------------------------------------------------------------------------
+
+/// The queue the tests fill.
+const QUEUE: &str = "mail";
+
+/// A fresh SQLite database with the conformance table, and its route (group `mail`).
+async fn sqlite_route() -> (
+    common::Lite,
+    SqlxRoute<sqlx::Sqlite, common::ConfRow>,
+) {
+    use common::Db as _;
+    let db = common::Lite::fresh("dashboard", common::SQLITE_CONF_SCHEMA).await;
+    let route = db.broker().route::<common::ConfRow>(QUEUE);
+    route.connect().await.expect("connect the route");
+    (db, route)
+}
+
+/// A Redis broker on `REDIS_URL` in a namespace of its own.
+async fn redis_broker() -> RedisBroker {
+    let url = match std::env::var("REDIS_URL") {
+        Ok(u) if !u.is_empty() => u,
+        _ => panic!(
+            "REDIS_URL is not set: run the tests with `scripts/test-all -- cargo test --workspace --test dashboard_browser`, which starts Redis and exports it"
+        ),
+    };
+    let broker = RedisBroker::from_url(url).namespace(format!("dashb{}:", common::unique()));
+    broker.connect().await.expect("connect to REDIS_URL");
+    broker.prepare(QUEUE).await.expect("prepare the queue");
+    broker
+}
+
+/// Publishes one job per payload, of `kind`, to [`QUEUE`]; due at `due` (now when `None`).
+async fn publish<B: Broker>(
+    broker: &B,
+    kind: &str,
+    payloads: Vec<Vec<u8>>,
+    due: Option<DateTime<Utc>>,
+) {
+    let now = Utc::now();
+    let jobs = payloads
+        .into_iter()
+        .enumerate()
+        .map(|(n, payload)| {
+            let mut job = Job::from_bytes(QUEUE, payload)
+                .kind(kind)
+                .request_id(format!("req-{kind}-{n}"));
+            if let Some(at) = due {
+                job = job.at(at);
+            }
+            let (_, envelope, at) = job.into_parts(now);
+            (envelope, at)
+        })
+        .collect();
+    let published = broker.publish(QUEUE, jobs).await.expect("publish");
+    assert!(published.iter().all(|p| p.is_stored()), "{published:?}");
+}
+
+/// `n` JSON payloads `{"order": i}`.
+fn orders(n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| format!("{{\"order\":{i}}}").into_bytes())
+        .collect()
+}
+
+/// Claims `n` due jobs of [`QUEUE`] (held, not settled: they count as running).
+async fn claim<B: Broker>(broker: &B, n: usize) -> Vec<Delivery<B::Receipt>> {
+    let mut held = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    while held.len() < n {
+        assert!(Instant::now() < deadline, "claimed {} of {n}", held.len());
+        let got = broker
+            .claim(QUEUE, n - held.len(), Duration::from_millis(200))
+            .await
+            .expect("claim");
+        held.extend(got);
+    }
+    held
+}
+
+/// Claims every due job of [`QUEUE`] and sends each to the queue's dead letter with `error`.
+/// Returns the dead letter's name.
+async fn dead_letter_all<B: Broker>(broker: &B, error: &str) -> String {
+    let dead = broker.default_dead_letter(QUEUE);
+    let ready = broker.stats(QUEUE).await.expect("stats").ready;
+    let ready = usize::try_from(ready).expect("a count");
+    for delivery in claim(broker, ready).await {
+        let settled = broker
+            .settle(
+                QUEUE,
+                &delivery,
+                Settlement::DeadLetter {
+                    target: dead.clone(),
+                    failure: Failure::new(
+                        FailureCause::Error,
+                        error,
+                        "at mail::send (src/mail.rs:42)\nat stagedoor_jobs::runtime",
+                    ),
+                },
+            )
+            .await
+            .expect("settle");
+        assert_eq!(settled, Settled::Done);
+    }
+    dead
+}
+
+/// Serves `router` on a free loopback port; its base URL (no trailing slash).
+async fn serve(router: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback port");
+    let addr = listener.local_addr().expect("the bound address");
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    format!("http://{addr}")
 }
