@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 use stagedoor_jobs::broker::{Broker, Delivery, Inspect as _, Settled, Settlement};
-use stagedoor_jobs::{Failure, FailureCause, Job};
+use stagedoor_jobs::{DeadLetters as _, DeadSelector, Failure, FailureCause, Job};
 use stagedoor_jobs_redis::RedisBroker;
 use stagedoor_jobs_sqlx::SqlxRoute;
 
@@ -232,39 +232,6 @@ async fn screenshot(client: &Client, name: &str) -> PathBuf {
     path
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn harness_smoke() {
-    let _one = SERIAL.lock().await;
-    let app = axum::Router::new().route(
-        "/",
-        axum::routing::get(|| async { axum::response::Html("<h1 id=t>hello &lt;b&gt;</h1>") }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let browser = Browser::start().await;
-    let c = browser.client();
-    c.goto(&format!("http://{addr}/")).await.expect("goto");
-    let t = c
-        .find(Locator::Id("t"))
-        .await
-        .expect("find")
-        .text()
-        .await
-        .expect("text");
-    assert_eq!(t, "hello <b>");
-    let v: Value = c
-        .execute("return typeof window.__pwned", vec![])
-        .await
-        .expect("js");
-    assert_eq!(v, json!("undefined"));
-    screenshot(c, "smoke").await;
-    assert!(std::env::var_os("I15_BOOM").is_none(), "boom");
-    browser.close().await;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Backends made for a test, filled through the broker's own API.
 // ---------------------------------------------------------------------------------------------
@@ -272,14 +239,14 @@ async fn harness_smoke() {
 /// The queue the tests fill.
 const QUEUE: &str = "mail";
 
+/// How long a claim holds a job here: the tests' held jobs stay running while the page is read.
+const LEASE: Duration = Duration::from_secs(300);
+
 /// A fresh SQLite database with the conformance table, and its route (group `mail`).
-async fn sqlite_route() -> (
-    common::Lite,
-    SqlxRoute<sqlx::Sqlite, common::ConfRow>,
-) {
+async fn sqlite_route() -> (common::Lite, SqlxRoute<sqlx::Sqlite, common::ConfRow>) {
     use common::Db as _;
     let db = common::Lite::fresh("dashboard", common::SQLITE_CONF_SCHEMA).await;
-    let route = db.broker().route::<common::ConfRow>(QUEUE);
+    let route = db.broker().lease(LEASE).route::<common::ConfRow>(QUEUE);
     route.connect().await.expect("connect the route");
     (db, route)
 }
@@ -292,7 +259,9 @@ async fn redis_broker() -> RedisBroker {
             "REDIS_URL is not set: run the tests with `scripts/test-all -- cargo test --workspace --test dashboard_browser`, which starts Redis and exports it"
         ),
     };
-    let broker = RedisBroker::from_url(url).namespace(format!("dashb{}:", common::unique()));
+    let broker = RedisBroker::from_url(url)
+        .namespace(format!("dashb{}:", common::unique()))
+        .lease(LEASE);
     broker.connect().await.expect("connect to REDIS_URL");
     broker.prepare(QUEUE).await.expect("prepare the queue");
     broker
@@ -381,4 +350,317 @@ async fn serve(router: axum::Router) -> String {
     let addr = listener.local_addr().expect("the bound address");
     tokio::spawn(async move { axum::serve(listener, router).await });
     format!("http://{addr}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading pages
+// ---------------------------------------------------------------------------------------------
+
+/// The element `css`, once the page shows it.
+async fn find(c: &Client, css: &str) -> fantoccini::elements::Element {
+    match c
+        .wait()
+        .at_most(PATIENCE)
+        .for_element(Locator::Css(css))
+        .await
+    {
+        Ok(e) => e,
+        Err(e) => {
+            let url = c
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            let body = match c.find(Locator::Css("body")).await {
+                Ok(b) => b.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            };
+            panic!("no `{css}` on {url} within {PATIENCE:?} ({e}); the page shows:\n{body}")
+        }
+    }
+}
+
+/// The visible text of the element `css`.
+async fn text(c: &Client, css: &str) -> String {
+    find(c, css).await.text().await.expect("an element's text")
+}
+
+/// The attribute `attr` of the element `css`.
+async fn attr(c: &Client, css: &str, attr: &str) -> String {
+    find(c, css)
+        .await
+        .attr(attr)
+        .await
+        .expect("an element's attribute")
+        .unwrap_or_else(|| panic!("`{css}` has no attribute {attr}"))
+}
+
+/// Waits until the element `css` shows `want` (the live refresh changes it in place).
+async fn wait_text(c: &Client, css: &str, want: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let got = text(c, css).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "`{css}` shows {got:?}, not {want:?}, after {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `script` in the page, its value.
+async fn js(c: &Client, script: &str) -> Value {
+    c.execute(script, vec![]).await.expect("run a script")
+}
+
+/// The text of every cell of queue `queue`'s row on the queues page, by field.
+async fn queue_row(c: &Client, queue: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for field in ["ready", "running", "delayed", "dead"] {
+        let css = format!("tr[data-queue=\"{queue}\"] td[data-field=\"{field}\"]");
+        out.push((field.to_owned(), text(c, &css).await));
+    }
+    out
+}
+
+fn counts(ready: u64, running: u64, delayed: u64, dead: u64) -> Vec<(String, String)> {
+    [
+        ("ready", ready),
+        ("running", running),
+        ("delayed", delayed),
+        ("dead", dead),
+    ]
+    .into_iter()
+    .map(|(f, n)| (f.to_owned(), n.to_string()))
+    .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The queues page
+// ---------------------------------------------------------------------------------------------
+
+/// Fills [`QUEUE`] with 3 dead letters, 7 ready jobs, 2 running (claimed, held) and 4 delayed.
+/// Returns the held deliveries (dropping them does not settle them).
+async fn fill<B: Broker>(broker: &B) -> Vec<Delivery<B::Receipt>> {
+    publish(broker, "mail.bounce", orders(3), None).await;
+    let dead = dead_letter_all(broker, "mailbox full").await;
+    assert_eq!(broker.dead_len(&dead).await.expect("dead_len"), 3);
+    publish(broker, "mail.send", orders(9), None).await;
+    publish(
+        broker,
+        "mail.digest",
+        orders(4),
+        Some(Utc::now() + chrono::Duration::hours(1)),
+    )
+    .await;
+    let held = claim(broker, 2).await;
+    let stats = broker.stats(QUEUE).await.expect("stats");
+    assert_eq!(
+        (stats.ready, stats.pending, stats.delayed),
+        (7, 2, 4),
+        "what the backend holds: {stats:?}"
+    );
+    held
+}
+
+/// The queues page shows the counts `broker` holds, and follows them live: 5 more published
+/// jobs show in the ready cell without a reload.
+async fn queues_page_shows_the_counts<B: Broker>(broker: B) -> Browser {
+    let _held = fill(&broker).await;
+    let base = serve(stagedoor_jobs_dashboard::Dashboard::new(broker.clone()).router()).await;
+    let browser = Browser::start().await;
+    let c = browser.client();
+    c.goto(&format!("{base}/"))
+        .await
+        .expect("open the queues page");
+    assert_eq!(queue_row(c, QUEUE).await, counts(7, 2, 4, 3));
+    assert_eq!(
+        text(c, &format!("tr[data-queue=\"{QUEUE}\"] td.name")).await,
+        QUEUE
+    );
+    // The oldest ready job has waited a few seconds at most.
+    let oldest = text(
+        c,
+        &format!("tr[data-queue=\"{QUEUE}\"] td[data-field=\"oldest\"]"),
+    )
+    .await;
+    assert!(oldest.ends_with('s') && !oldest.contains('m'), "{oldest}");
+
+    // Live: the page polls and updates the cells in place (a reload would drop the marker).
+    js(c, "window.__stayed = 'yes'; return null").await;
+    publish(&broker, "mail.send", orders(5), None).await;
+    wait_text(
+        c,
+        &format!("tr[data-queue=\"{QUEUE}\"] td[data-field=\"ready\"]"),
+        "12",
+    )
+    .await;
+    assert_eq!(js(c, "return window.__stayed").await, json!("yes"));
+    assert_eq!(queue_row(c, QUEUE).await, counts(12, 2, 4, 3));
+    browser
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_page_shows_the_counts_of_sqlite() {
+    let _one = SERIAL.lock().await;
+    let (_db, route) = sqlite_route().await;
+    let browser = queues_page_shows_the_counts(route).await;
+    screenshot(browser.client(), "queues-sqlite").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_page_shows_the_counts_of_redis() {
+    let _one = SERIAL.lock().await;
+    let browser = queues_page_shows_the_counts(redis_broker().await).await;
+    screenshot(browser.client(), "queues-redis").await;
+    browser.close().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dead letters
+// ---------------------------------------------------------------------------------------------
+
+/// From the dead-letter page: open the dead letter, press a kind's "Replay kind", read the
+/// confirmation (40 jobs), confirm; the backend then holds 3 dead letters and 40 more jobs in
+/// the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_a_kind_from_the_dead_letter_page() {
+    let _one = SERIAL.lock().await;
+    let (_db, route) = sqlite_route().await;
+    publish(&route, "invoice.render", orders(40), None).await;
+    publish(&route, "mail.bounce", orders(3), None).await;
+    let dead = dead_letter_all(&route, "template missing: invoice.html").await;
+    assert_eq!(route.dead_len(&dead).await.expect("dead_len"), 43);
+    assert_eq!(route.stats(QUEUE).await.expect("stats").ready, 0);
+
+    let base = serve(stagedoor_jobs_dashboard::Dashboard::new(route.clone()).router()).await;
+    let browser = Browser::start().await;
+    let c = browser.client();
+    c.goto(&format!("{base}/dead"))
+        .await
+        .expect("open the dead letters");
+    let row = format!("tr[data-dead=\"{dead}\"]");
+    assert_eq!(
+        text(c, &format!("{row} td[data-field=\"dead\"]")).await,
+        "43"
+    );
+    screenshot(c, "dead-letters").await;
+
+    find(c, &format!("{row} a"))
+        .await
+        .click()
+        .await
+        .expect("open the dead letter");
+    assert_eq!(text(c, "[data-field=\"total\"]").await, "43");
+    let kind_row = "tr[data-kind=\"invoice.render\"]";
+    assert_eq!(text(c, &format!("{kind_row} td.num")).await, "40");
+    assert_eq!(text(c, "tr[data-kind=\"mail.bounce\"] td.num").await, "3");
+    screenshot(c, "dead-letter-jobs").await;
+    let replay = find(c, &format!("{kind_row} a.button")).await;
+    assert_eq!(replay.text().await.expect("text"), "Replay kind");
+    replay.click().await.expect("press Replay kind");
+
+    // The confirmation says how many it will move, and moves nothing yet.
+    assert_eq!(attr(c, "p.confirm", "data-count").await, "40");
+    let sentence = text(c, "p.confirm").await;
+    assert!(sentence.contains("move 40 jobs"), "{sentence}");
+    assert!(sentence.contains("invoice.render"), "{sentence}");
+    let confirm = find(c, "form.confirm button[type=\"submit\"]").await;
+    assert_eq!(confirm.text().await.expect("text"), "Replay 40 jobs");
+    screenshot(c, "dead-confirm").await;
+    assert_eq!(route.dead_len(&dead).await.expect("dead_len"), 43);
+
+    confirm.click().await.expect("confirm the replay");
+    assert_eq!(attr(c, "p.result", "data-replayed").await, "40");
+    let result = text(c, "p.result").await;
+    assert!(result.starts_with("Replayed 40 of"), "{result}");
+
+    assert_eq!(route.dead_len(&dead).await.expect("dead_len"), 3);
+    let left = route
+        .dead_letters(&dead, &DeadSelector::All, 100)
+        .await
+        .expect("the dead letters");
+    assert!(
+        left.iter().all(|d| d.envelope.kind() == "mail.bounce"),
+        "{left:?}"
+    );
+    let stats = route.stats(QUEUE).await.expect("stats");
+    assert_eq!(stats.ready, 40, "{stats:?}");
+    browser.close().await;
+}
+
+/// A payload holding `<script>` (and an error holding an `onerror` attribute) is shown as
+/// text on the dead letter's page and in the list; neither runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_in_a_payload_shows_as_text() {
+    const SCRIPT: &str = "<script>window.__pwned = 1</script>";
+    const IMG: &str = "<img src=x onerror=\"window.__pwned = 2\">";
+    let _one = SERIAL.lock().await;
+    let (_db, route) = sqlite_route().await;
+    let payload = serde_json::to_vec(&json!({ "note": SCRIPT, "order": 7 })).expect("json");
+    publish(&route, "note.render", vec![payload], None).await;
+    let dead = dead_letter_all(&route, IMG).await;
+    let letter = route
+        .dead_letters(&dead, &DeadSelector::All, 1)
+        .await
+        .expect("the dead letter")
+        .pop()
+        .expect("one dead letter");
+
+    let base = serve(stagedoor_jobs_dashboard::Dashboard::new(route.clone()).router()).await;
+    let browser = Browser::start().await;
+    let c = browser.client();
+    c.goto(&format!("{base}/dead"))
+        .await
+        .expect("open the dead letters");
+    find(c, &format!("tr[data-dead=\"{dead}\"] a"))
+        .await
+        .click()
+        .await
+        .expect("open the dead letter");
+    let job_row = format!("tr[data-id=\"{}\"]", letter.id);
+    assert_eq!(text(c, &format!("{job_row} td.error-text")).await, IMG);
+    assert_eq!(
+        js(c, "return typeof window.__pwned").await,
+        json!("undefined")
+    );
+
+    find(c, &format!("{job_row} a"))
+        .await
+        .click()
+        .await
+        .expect("open the job");
+    let shown = text(c, "pre[data-field=\"payload\"]").await;
+    assert!(shown.contains(SCRIPT), "the payload as text: {shown}");
+    assert!(shown.contains("\"order\": 7"), "pretty-printed: {shown}");
+    assert_eq!(text(c, "pre[data-field=\"error\"]").await, IMG);
+    assert_eq!(
+        text(c, "[data-field=\"job-id\"]").await,
+        letter.envelope.id().as_str()
+    );
+    assert_eq!(
+        text(c, "[data-field=\"request-id\"]").await,
+        "req-note.render-0"
+    );
+    assert_eq!(
+        js(c, "return typeof window.__pwned").await,
+        json!("undefined")
+    );
+    // No element was made of the payload or the error: no <img>, and the only <script> is
+    // the dashboard's own.
+    assert_eq!(js(c, "return document.images.length").await, json!(0));
+    assert_eq!(
+        js(
+            c,
+            "return Array.from(document.scripts).filter(s => s.textContent.includes('__pwned')).length"
+        )
+        .await,
+        json!(0)
+    );
+    screenshot(c, "dead-letter").await;
+    browser.close().await;
 }
