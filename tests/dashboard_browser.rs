@@ -18,6 +18,10 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
+use stagedoor_jobs::Activity as _;
+use stagedoor_jobs::activity::{
+    MinuteCounts, QueueCounts, ScheduleReport, WorkerQueue, WorkerReport,
+};
 use stagedoor_jobs::broker::{Broker, Delivery, Inspect as _, Settled, Settlement};
 use stagedoor_jobs::{DeadLetters as _, DeadSelector, Failure, FailureCause, Job};
 use stagedoor_jobs_redis::RedisBroker;
@@ -662,5 +666,127 @@ async fn a_script_in_a_payload_shows_as_text() {
         json!(0)
     );
     screenshot(c, "dead-letter").await;
+    browser.close().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What services report: workers, schedules, per-minute counts (Redis)
+// ---------------------------------------------------------------------------------------------
+
+/// A worker's report through Redis shows on the workers page (host, pid, service, queues,
+/// jobs in flight), its schedule on the scheduled page with the queue's delayed jobs, and its
+/// per-minute counts in the queues page's chart. Saves the screenshots of those pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_schedules_and_the_chart_from_redis_reports() {
+    let _one = SERIAL.lock().await;
+    let broker = redis_broker().await;
+    let _held = fill(&broker).await;
+    let now = Utc::now();
+    let id = format!("worker-{}", common::unique());
+    let mut worker = WorkerReport::new(
+        id.clone(),
+        "web-1",
+        4242,
+        now - chrono::Duration::hours(2),
+        now,
+    );
+    worker.app = "billing 1.4.2".to_owned();
+    let mut queue = WorkerQueue::new(QUEUE, 8, 2);
+    queue.subscribers = vec!["send_mail".to_owned()];
+    worker.queues = vec![queue];
+    let mut schedule = ScheduleReport::new("nightly-digest", QUEUE, "0 3 * * * UTC", "run once");
+    schedule.last_tick = Some(now - chrono::Duration::hours(2));
+    schedule.next_tick = Some(now + chrono::Duration::hours(22));
+    worker.schedules = vec![schedule];
+    // 56 minutes up to now (all within the chart's hour while the test runs), a wave.
+    let minutes: Vec<MinuteCounts> = (0..56u64)
+        .map(|i| {
+            let at = now - chrono::Duration::minutes(55 - i as i64);
+            MinuteCounts::new(at, 40 + (i * 7) % 30, (i * 3) % 5, u64::from(i % 9 == 0))
+        })
+        .collect();
+    let totals = minutes.iter().fold((0, 0, 0), |t, m| {
+        (t.0 + m.processed, t.1 + m.failed, t.2 + m.dead)
+    });
+    broker
+        .report(
+            &worker,
+            &[QueueCounts::new(QUEUE, minutes)],
+            Duration::from_secs(600),
+        )
+        .await
+        .expect("report through Redis");
+
+    let base = serve(stagedoor_jobs_dashboard::Dashboard::new(broker.clone()).router()).await;
+    let browser = Browser::start().await;
+    let c = browser.client();
+
+    c.goto(&format!("{base}/"))
+        .await
+        .expect("open the queues page");
+    assert_eq!(queue_row(c, QUEUE).await, counts(7, 2, 4, 3));
+    assert_eq!(
+        attr(c, "#chart svg.chart", "aria-label").await,
+        format!(
+            "Jobs per minute over the last hour: {} processed, {} failed, {} dead-lettered",
+            totals.0, totals.1, totals.2
+        )
+    );
+    assert_eq!(
+        c.find_all(Locator::Css("#chart polyline.series"))
+            .await
+            .expect("the chart's lines")
+            .len(),
+        3
+    );
+    screenshot(c, "queues").await;
+
+    c.goto(&format!("{base}/workers"))
+        .await
+        .expect("open the workers page");
+    let row = format!("tr[data-worker=\"{id}\"]");
+    assert_eq!(
+        text(c, &format!("{row} [data-field=\"host\"]")).await,
+        "web-1"
+    );
+    assert_eq!(
+        text(c, &format!("{row} [data-field=\"pid\"]")).await,
+        "4242"
+    );
+    assert_eq!(
+        text(c, &format!("{row} [data-field=\"app\"]")).await,
+        "billing 1.4.2"
+    );
+    assert_eq!(
+        text(c, &format!("{row} [data-field=\"queues\"]")).await,
+        "mail (2/8)"
+    );
+    assert_eq!(
+        text(c, &format!("{row} [data-field=\"in_flight\"]")).await,
+        "2"
+    );
+    assert_eq!(text(c, "[data-field=\"count\"]").await, "1");
+    screenshot(c, "workers").await;
+
+    c.goto(&format!("{base}/scheduled"))
+        .await
+        .expect("open the scheduled page");
+    let schedule = text(c, "tr[data-schedule=\"nightly-digest\"]").await;
+    for part in ["nightly-digest", "0 3 * * * UTC", "run once", "web-1:4242"] {
+        assert!(schedule.contains(part), "{part:?} in {schedule:?}");
+    }
+    find(c, &format!("table.delayed[data-queue=\"{QUEUE}\"]")).await;
+    let delayed = c
+        .find_all(Locator::Css(&format!(
+            "table.delayed[data-queue=\"{QUEUE}\"] tbody tr"
+        )))
+        .await
+        .expect("the delayed jobs");
+    assert_eq!(delayed.len(), 4);
+    for row in &delayed {
+        let t = row.text().await.expect("a row's text");
+        assert!(t.contains("mail.digest") && t.contains("(in 59m"), "{t}");
+    }
+    screenshot(c, "scheduled").await;
     browser.close().await;
 }
