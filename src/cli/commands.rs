@@ -60,6 +60,10 @@ pub(crate) async fn run<B: DeadLetters>(
             let dead = resolve(b, ctx, &queue).await?;
             purge(b, ctx, out, &dead, selector(select), dry_run, yes).await
         }
+        // Served by `dashboard::serve` before the commands run.
+        Command::Dashboard(_) => Err(Failure::usage(
+            "the dashboard is not a listing command: run `stagedoor-jobs dashboard`",
+        )),
     }
 }
 

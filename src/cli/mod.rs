@@ -7,6 +7,7 @@
 
 mod backend;
 mod commands;
+mod dashboard;
 mod error;
 mod introspect;
 mod output;
@@ -29,7 +30,8 @@ pub(crate) use error::Failure;
 Examples:\n  \
 stagedoor-jobs --url redis://127.0.0.1:6379/ queues\n  \
 stagedoor-jobs --url sqlite://mail.db --table mail_jobs dead list emails\n  \
-stagedoor-jobs --url postgres://app@db/app --table mail_jobs dead replay emails --all --dry-run"
+stagedoor-jobs --url postgres://app@db/app --table mail_jobs dead replay emails --all --dry-run\n  \
+JOBS_TOKEN=... stagedoor-jobs --url redis://127.0.0.1:6379/ dashboard --listen 0.0.0.0:8787 --auth-token-env JOBS_TOKEN"
 )]
 pub(crate) struct Cli {
     /// Where the jobs are: redis://host:port/db, rediss://…, postgres://user@host/db,
@@ -107,6 +109,30 @@ pub(crate) enum Command {
     /// Read, replay and purge the dead letters of a queue.
     #[command(subcommand)]
     Dead(Dead),
+    /// Serve the web dashboard of this backend (queues, dead letters, schedules, workers)
+    /// until Ctrl-C.
+    Dashboard(DashboardArgs),
+}
+
+/// How to serve the dashboard. Beyond loopback it needs a secret: `--auth-token-env VAR`
+/// (the token in the variable VAR) or `--basic-auth-env VAR` (`user:password` in VAR).
+#[derive(Debug, Args)]
+pub(crate) struct DashboardArgs {
+    /// Where to listen, host:port (port 0 picks a free one). An address beyond loopback
+    /// (0.0.0.0, a LAN address) is refused without --auth-token-env or --basic-auth-env.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8787")]
+    pub(crate) listen: String,
+    /// No action buttons; replays and purges are refused.
+    #[arg(long)]
+    pub(crate) read_only: bool,
+    /// Require a token: the name of the environment variable that holds it (browsers sign in
+    /// with it once; scripts send `Authorization: Bearer <token>`).
+    #[arg(long, value_name = "VAR", conflicts_with = "basic_auth_env")]
+    pub(crate) auth_token_env: Option<String>,
+    /// Require HTTP basic auth: the name of the environment variable that holds
+    /// `user:password`.
+    #[arg(long, value_name = "VAR")]
+    pub(crate) basic_auth_env: Option<String>,
 }
 
 /// The dead-letter commands. QUEUE is the queue the jobs failed on (`jobs`, `emails`); its
@@ -250,7 +276,19 @@ fn init_logging() {
 }
 
 async fn run(cli: Cli) -> Result<u8, Failure> {
+    // The dashboard's address and secret are checked before connecting.
+    let plan = match &cli.command {
+        Command::Dashboard(args) => Some(dashboard::plan(args).await?),
+        _ => None,
+    };
     let target = backend::open(&cli).await?;
+    if let Some(plan) = plan {
+        return match target {
+            backend::Opened::Redis(b, ctx) => dashboard::serve(b, &ctx, plan).await,
+            backend::Opened::Sqlite(b, ctx) => dashboard::serve(b, &ctx, plan).await,
+            backend::Opened::Postgres(b, ctx) => dashboard::serve(b, &ctx, plan).await,
+        };
+    }
     let out = output::Out::new(cli.json);
     match target {
         backend::Opened::Redis(b, ctx) => commands::run(&b, &ctx, &out, cli.command).await,

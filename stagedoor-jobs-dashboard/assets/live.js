@@ -29,8 +29,10 @@
 
   function queues(data) {
     var rows = rowsBy("data-queue");
+    if (data.error) { throw new Error(data.error); }
     var names = (data.queues || []).map(function (q) { return q.queue; });
-    if (data.error || !sameSet(rows, names)) { window.location.reload(); return false; }
+    // A queue came or went: the page is drawn again.
+    if (!sameSet(rows, names)) { window.location.reload(); return false; }
     (data.queues || []).forEach(function (q) {
       var row = rows[q.queue];
       ["ready", "running", "delayed", "dead", "oldest"].forEach(function (f) {
@@ -46,8 +48,10 @@
 
   function workers(data) {
     var rows = rowsBy("data-worker");
+    if (data.error) { throw new Error(data.error); }
     var ids = (data.workers || []).map(function (w) { return w.id; });
-    if (data.error || !sameSet(rows, ids)) { window.location.reload(); return false; }
+    // A worker came or went: the page is drawn again.
+    if (!sameSet(rows, ids)) { window.location.reload(); return false; }
     (data.workers || []).forEach(function (w) {
       var row = rows[w.id];
       ["host", "pid", "app", "queues", "in_flight", "started", "heartbeat"].forEach(function (f) {

@@ -11,6 +11,7 @@
 //! | `publish.rs` | publish, publish_once |
 //! | `dead.rs` | dead-lettering, dead letters, replay, purge |
 //! | `schedule.rs` | the scheduler's locks and ticks |
+//! | `activity.rs` | workers' reports, per-minute counts, delayed jobs |
 //! | `stats.rs` | stats, queues, dead_len, next_due, server_time |
 //! | `errors.rs` | how the server's errors are read |
 //! | `scripts.rs` | the Lua scripts |
@@ -22,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use stagedoor_jobs::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport};
 use stagedoor_jobs::broker::{
     Broker, BrokerError, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo, Problem,
     Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
@@ -332,43 +334,30 @@ impl DeadLetters for RedisBroker {
     }
 }
 
-// PLACEHOLDER(i15): replaced by the backend's own implementation before this branch lands.
 impl Activity for RedisBroker {
     async fn report(
         &self,
-        _worker: &stagedoor_jobs::activity::WorkerReport,
-        _counts: &[stagedoor_jobs::activity::QueueCounts],
-        _ttl: Duration,
+        worker: &WorkerReport,
+        counts: &[QueueCounts],
+        ttl: Duration,
     ) -> Result<(), BrokerError> {
-        Err(BrokerError::Backend(
-            "activity reports are not stored by this backend yet".to_owned(),
-        ))
+        self.report(worker, counts, ttl).await
     }
 
-    async fn workers(&self) -> Result<Vec<stagedoor_jobs::activity::WorkerReport>, BrokerError> {
-        Err(BrokerError::Backend(
-            "activity reports are not stored by this backend yet".to_owned(),
-        ))
+    async fn workers(&self) -> Result<Vec<WorkerReport>, BrokerError> {
+        self.workers().await
     }
 
     async fn throughput(
         &self,
-        _queue: &str,
-        _since: DateTime<Utc>,
-    ) -> Result<Vec<stagedoor_jobs::activity::MinuteCounts>, BrokerError> {
-        Err(BrokerError::Backend(
-            "activity reports are not stored by this backend yet".to_owned(),
-        ))
+        queue: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<MinuteCounts>, BrokerError> {
+        self.throughput(queue, since).await
     }
 
-    async fn delayed(
-        &self,
-        _queue: &str,
-        _limit: usize,
-    ) -> Result<Vec<stagedoor_jobs::activity::DelayedJob>, BrokerError> {
-        Err(BrokerError::Backend(
-            "activity reports are not stored by this backend yet".to_owned(),
-        ))
+    async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<DelayedJob>, BrokerError> {
+        self.delayed(queue, limit).await
     }
 }
 

@@ -238,6 +238,55 @@ pub(crate) fn member(fields: &Fields) -> Vec<u8> {
     out
 }
 
+/// The fields of a delayed job's member ([`member`]'s MessagePack array of strings); `None`
+/// when the bytes are not such an array (a member added by hand).
+pub(crate) fn unmember(bytes: &[u8]) -> Option<Fields> {
+    fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if b.len() < n {
+            return None;
+        }
+        let (head, rest) = b.split_at(n);
+        *b = rest;
+        Some(head)
+    }
+    fn len(b: &mut &[u8], n: usize) -> Option<usize> {
+        let raw = take(b, n)?;
+        Some(
+            raw.iter()
+                .fold(0usize, |acc, x| (acc << 8) | usize::from(*x)),
+        )
+    }
+    let mut b = bytes;
+    let tag = *take(&mut b, 1)?.first()?;
+    let count = match tag {
+        0x90..=0x9f => usize::from(tag & 0x0f),
+        0xdc => len(&mut b, 2)?,
+        0xdd => len(&mut b, 4)?,
+        _ => return None,
+    };
+    let mut items = Vec::with_capacity(count.min(64));
+    for _ in 0..count {
+        let tag = *take(&mut b, 1)?.first()?;
+        let n = match tag {
+            0xa0..=0xbf => usize::from(tag & 0x1f),
+            0xd9 | 0xc4 => len(&mut b, 1)?,
+            0xda | 0xc5 => len(&mut b, 2)?,
+            0xdb | 0xc6 => len(&mut b, 4)?,
+            _ => return None,
+        };
+        items.push(take(&mut b, n)?.to_vec());
+    }
+    if !b.is_empty() || items.len() % 2 != 0 {
+        return None;
+    }
+    let mut it = items.into_iter();
+    let mut fields = Fields::new();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        fields.push((k, v));
+    }
+    Some(fields)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,6 +315,25 @@ mod tests {
 
     fn with_attempts(v: &str) -> Fields {
         vec![("attempts".into(), v.as_bytes().to_vec())]
+    }
+
+    #[test]
+    fn a_member_reads_back_as_its_fields() {
+        let env = Envelope::new("k", vec![b'x'; 300], Utc::now());
+        let mut f = encode(&env, 4);
+        for i in 0..10 {
+            f.push((format!("h.n{i}").into_bytes(), vec![0xff, 0x00]));
+        }
+        assert_eq!(unmember(&member(&f)), Some(f.clone()));
+        let short = vec![("a".into(), vec![b'y'; 40_000])];
+        assert_eq!(unmember(&member(&short)), Some(short));
+        assert_eq!(unmember(b"not msgpack"), None);
+        assert_eq!(unmember(&[0x92, 0xa1, b'a']), None, "cut short");
+        assert_eq!(
+            unmember(&[0x91, 0xa1, b'a']),
+            None,
+            "a name without a value"
+        );
     }
 
     #[test]

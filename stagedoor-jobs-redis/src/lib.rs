@@ -21,6 +21,11 @@
 //!
 //! The dead letter of a mount on `jobs` is `jobs:dead`.
 //!
+//! Workers' reports and per-minute counts ([`Activity`](stagedoor_jobs::Activity)) share the
+//! tag `{stagedoor:activity}`: `{stagedoor:activity}:worker:<id>` (a report, expiring),
+//! `{stagedoor:activity}:workers` (the ids by expiry), `{stagedoor:activity}:minutes:<queue>`
+//! (fields `<minute ms>:p|f|d`, kept two hours).
+//!
 //! ## Leases, outages, a full server
 //!
 //! A claim holds an entry for a lease of 3 s by default
@@ -32,6 +37,7 @@
 //! workers go on draining it: on Redis 7 the scripts that settle, reclaim and move jobs run
 //! with `allow-oom`.
 
+mod activity;
 mod broker;
 mod claim;
 mod conn;

@@ -1,5 +1,5 @@
-//! The bookkeeping tables of the scheduler's locks and ticks (and `publish_once`'s guards), and
-//! taking a lock.
+//! The bookkeeping tables of the scheduler's locks and ticks (and `publish_once`'s guards), of
+//! the workers' reports and per-minute counts, and taking a lock.
 
 use std::time::Duration;
 
@@ -10,10 +10,14 @@ use crate::dialect::sealed::{Driver, Value};
 use crate::dialect::{acquire, db_err};
 
 /// The bookkeeping tables of this backend, created on first use: `stagedoor_locks` (a row per
-/// lock: scheduler ticks, with its owner's token and expiry) and `stagedoor_schedules` (each
-/// schedule's latest enqueued tick).
+/// lock: scheduler ticks, with its owner's token and expiry), `stagedoor_schedules` (each
+/// schedule's latest enqueued tick), `stagedoor_workers` (each worker's last report, JSON, until
+/// it expires) and `stagedoor_minutes` (each queue's counts per minute; see
+/// `route/activity.rs`).
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE IF NOT EXISTS stagedoor_schedules (schedule TEXT PRIMARY KEY, last_tick TIMESTAMPTZ NOT NULL)";
+CREATE TABLE IF NOT EXISTS stagedoor_schedules (schedule TEXT PRIMARY KEY, last_tick TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS stagedoor_workers (worker_id TEXT PRIMARY KEY, report TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
+CREATE TABLE IF NOT EXISTS stagedoor_minutes (queue TEXT NOT NULL, minute TIMESTAMPTZ NOT NULL, processed BIGINT NOT NULL, failed BIGINT NOT NULL, dead BIGINT NOT NULL, PRIMARY KEY (queue, minute))";
 
 /// Takes lock `$1` for token `$2` until `$3`: a new row, or one whose `until_at` has passed
 /// (`$4` is now). Changes one row when taken.

@@ -11,7 +11,9 @@
 //! - `route/check.rs`: the startup check of the table against the mounts;
 //! - `route/dead.rs`: [`DeadLetters`]: listing, replaying and purging dead letters;
 //! - `route/schedule.rs`: [`Locks`]: the scheduler's locks and ticks;
-//! - `route/inspect.rs`: [`Inspect`]: connecting, queue stats, queues, the next due time.
+//! - `route/inspect.rs`: [`Inspect`]: connecting, queue stats, queues, the next due time;
+//! - `route/activity.rs`: [`Activity`](stagedoor_jobs::Activity): workers' reports, per-minute
+//!   counts, delayed rows.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -37,6 +39,7 @@ use crate::receipt::SqlReceipt;
 use crate::rows::{RowRead, Vals, attempt_number, params, read, time_at};
 use crate::sql::{Statements, Stmt, validate};
 
+mod activity;
 mod check;
 mod claim;
 mod dead;

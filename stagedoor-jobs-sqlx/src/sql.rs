@@ -7,7 +7,7 @@
 //! a table) and [`Statements`]; the statements themselves are built by the job's path:
 //! `sql/claim.rs` (claims, renewal, next due time), `sql/settle.rs` (acknowledgement, retry,
 //! dead letters, moves between tables), `sql/publish.rs` (inserts), `sql/inspect.rs` (stats,
-//! listing, replay, purge).
+//! listing, delayed rows, replay, purge).
 
 use stagedoor_jobs::inbox::{Column, Table, is_plain_identifier};
 
@@ -219,6 +219,9 @@ pub(crate) struct Statements {
     pub(crate) insert_notify: Stmt,
     pub(crate) stats: Stmt,
     pub(crate) list: Stmt,
+    /// A group's rows due later than now ([`P::Now`]), soonest first, at most [`P::Limit`].
+    /// Empty for a table without a `retry_after` column.
+    pub(crate) delayed: Stmt,
     pub(crate) replay_group: Stmt,
     pub(crate) purge: Stmt,
     pub(crate) next_due: Stmt,
@@ -306,6 +309,7 @@ impl Statements {
         let inspect::Inspects {
             stats,
             list,
+            delayed,
             replay_group,
             purge,
         } = inspect::build(&n);
@@ -325,6 +329,7 @@ impl Statements {
             insert_notify,
             stats,
             list,
+            delayed,
             replay_group,
             purge,
             next_due,

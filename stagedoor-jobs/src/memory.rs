@@ -420,8 +420,15 @@ impl Activity for MemoryBroker {
             .filter(|((due, _), _)| *due > now)
             .take(limit)
             .map(|((due, _), stored)| {
+                // The stored attempt is the attempts spent; a claim makes it the next one (a
+                // dead letter's first delivery keeps it, as `claim` does).
                 let e = &stored.envelope;
-                DelayedJob::new(e.id().to_string(), e.kind(), *due, e.attempt())
+                let attempt = if stored.unread_dead {
+                    e.attempt().max(1)
+                } else {
+                    e.attempt().saturating_add(1)
+                };
+                DelayedJob::new(e.id().to_string(), e.kind(), *due, attempt)
             })
             .collect())
     }

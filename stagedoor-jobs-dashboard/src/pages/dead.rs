@@ -195,8 +195,7 @@ async fn letters<B: Backend>(app: &App<B>, ctx: &ReqCtx, dl: &str, p: &Params) -
         @if shown.is_empty() {
             (render::notice("No dead letters here."))
         } @else {
-            form.selection method="get" action=(ctx.url("/dead/confirm")) {
-                input type="hidden" name="dl" value=(dl);
+            @let rows = html! {
                 table.letters {
                     thead { tr {
                         @if !read_only { th { span.sr { "Select" } } }
@@ -218,7 +217,13 @@ async fn letters<B: Backend>(app: &App<B>, ctx: &ReqCtx, dl: &str, p: &Params) -
                         }
                     }
                 }
-                @if !read_only {
+            };
+            @if read_only {
+                (rows)
+            } @else {
+                form.selection method="get" action=(ctx.url("/dead/confirm")) {
+                    input type="hidden" name="dl" value=(dl);
+                    (rows)
                     div.actions {
                         button type="submit" name="action" value="replay" { "Replay selected" }
                         " "

@@ -5,53 +5,13 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use stagedoor_jobs::Inbox;
 use stagedoor_jobs::broker::{BrokerError, Locks};
-use stagedoor_jobs::{Activity, Inbox};
 
 use super::SqlxRoute;
 use crate::dialect::sealed::Value;
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::locks::{DROP_OLD_LOCKS, LAST_TICK, MARK_TICK, UNLOCK, ensure_bookkeeping, take_lock};
-
-// PLACEHOLDER(i15): replaced by the backend's own implementation before this branch lands.
-impl<DB: Dialect, Row: Inbox> Activity for SqlxRoute<DB, Row> {
-    async fn report(
-        &self,
-        _worker: &stagedoor_jobs::activity::WorkerReport,
-        _counts: &[stagedoor_jobs::activity::QueueCounts],
-        _ttl: Duration,
-    ) -> Result<(), BrokerError> {
-        Err(BrokerError::Backend(
-            "activity reports are not stored by this backend yet".to_owned(),
-        ))
-    }
-
-    async fn workers(&self) -> Result<Vec<stagedoor_jobs::activity::WorkerReport>, BrokerError> {
-        Err(BrokerError::Backend(
-            "activity reports are not stored by this backend yet".to_owned(),
-        ))
-    }
-
-    async fn throughput(
-        &self,
-        _queue: &str,
-        _since: DateTime<Utc>,
-    ) -> Result<Vec<stagedoor_jobs::activity::MinuteCounts>, BrokerError> {
-        Err(BrokerError::Backend(
-            "activity reports are not stored by this backend yet".to_owned(),
-        ))
-    }
-
-    async fn delayed(
-        &self,
-        _queue: &str,
-        _limit: usize,
-    ) -> Result<Vec<stagedoor_jobs::activity::DelayedJob>, BrokerError> {
-        Err(BrokerError::Backend(
-            "activity reports are not stored by this backend yet".to_owned(),
-        ))
-    }
-}
 
 impl<DB: Dialect, Row: Inbox> Locks for SqlxRoute<DB, Row> {
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {

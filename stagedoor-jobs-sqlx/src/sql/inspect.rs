@@ -1,5 +1,5 @@
 //! The statements of inspection and of the dead letters' care within a table: a group's
-//! counts, its listing, a replay back to the origin group, a purge.
+//! counts, its listing, its delayed rows, a replay back to the origin group, a purge.
 
 use super::{Names, P, Stmt, col};
 
@@ -8,6 +8,7 @@ use super::{Names, P, Stmt, col};
 pub(super) struct Inspects {
     pub(super) stats: Stmt,
     pub(super) list: Stmt,
+    pub(super) delayed: Stmt,
     pub(super) replay_group: Stmt,
     pub(super) purge: Stmt,
 }
@@ -46,6 +47,19 @@ pub(super) fn build(n: &Names) -> Inspects {
         );
     }
 
+    // The rows of a group due later than now, soonest first (none without a due column).
+    let mut delayed = Stmt::default();
+    if let Some(d) = due {
+        let s = &mut delayed;
+        let gc = n.group_cond(s);
+        let now = s.p(P::Now);
+        let limit = s.p(P::Limit);
+        s.sql = format!(
+            "SELECT {} FROM {t} WHERE {gc} AND {d} > {now} ORDER BY {d}, {id} LIMIT {limit}",
+            n.reads(n.attempt_read())
+        );
+    }
+
     let mut replay_group = Stmt::default();
     if let Some(g) = &n.group {
         let s = &mut replay_group;
@@ -80,6 +94,7 @@ pub(super) fn build(n: &Names) -> Inspects {
     Inspects {
         stats,
         list,
+        delayed,
         replay_group,
         purge,
     }

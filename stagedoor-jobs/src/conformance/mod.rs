@@ -57,9 +57,11 @@
 //!   `publish_once`;
 //! - `crash_and_lease.rs`: concurrency, shutdown, abandoned jobs, leases and their fence;
 //! - `headers_and_stats.rs`: the request id and trace, the queue stats;
+//! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
 //! - `fixture.rs`: [`Fixture`], what a backend provides to run the suite.
 //! - `support.rs`: what the rows share (timings, the test job, the probe, the handlers).
 
+mod activity;
 mod caps_and_dead_letters;
 mod crash_and_lease;
 mod fixture;
@@ -69,6 +71,10 @@ mod publish;
 mod replay;
 mod support;
 
+pub use activity::{
+    delayed_lists_future_jobs_soonest_first, reported_counts_add_up_per_queue_and_minute,
+    worker_report_not_renewed_within_its_ttl_is_gone, worker_reports_are_listed_and_replaced,
+};
 pub use caps_and_dead_letters::{
     a_job_that_cannot_be_read_is_dead_lettered_alone, cap_reached_moves_the_job_to_its_dead_letter,
     dead_letter_reports_attempts_spent, delayed_retries_count_against_the_cap,
@@ -177,6 +183,10 @@ macro_rules! conformance_tests {
             dead_letter_reports_attempts_spent
             uncapped_mount_retries_no_faster_than_the_floor
             publish_once_stores_a_job_once_per_guard
+            worker_reports_are_listed_and_replaced
+            worker_report_not_renewed_within_its_ttl_is_gone
+            reported_counts_add_up_per_queue_and_minute
+            delayed_lists_future_jobs_soonest_first
         );
     };
     ($fixture:expr $(,)?) => {
