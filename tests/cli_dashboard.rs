@@ -74,7 +74,7 @@ fn serve(mut command: Command) -> Served {
         .unwrap_or_else(|| panic!("no URL in `{line}`"));
     let addr = url
         .trim_start_matches("http://")
-        .trim_end_matches(|c| c == '/' || c == ',')
+        .trim_end_matches(['/', ','])
         .to_owned();
     Served { child, addr }
 }

@@ -16,8 +16,11 @@ const RIGHT: f64 = 12.0;
 const TOP: f64 = 12.0;
 const BOTTOM: f64 = 26.0;
 
-/// The series: label, colour, value.
-const SERIES: [(&str, &str, fn(&MinuteCounts) -> u64); 3] = [
+/// A series: its label, its colour, its value in a minute.
+type Series = (&'static str, &'static str, fn(&MinuteCounts) -> u64);
+
+/// The series drawn.
+const SERIES: [Series; 3] = [
     ("processed", "#2e7d32", |m| m.processed),
     ("failed", "#ef6c00", |m| m.failed),
     ("dead-lettered", "#c62828", |m| m.dead),
