@@ -13,7 +13,8 @@ const W: f64 = 720.0;
 const H: f64 = 200.0;
 const LEFT: f64 = 44.0;
 const RIGHT: f64 = 12.0;
-const TOP: f64 = 12.0;
+/// Room above the plot for the legend, so a line at its peak never runs under it.
+const TOP: f64 = 30.0;
 const BOTTOM: f64 = 26.0;
 
 /// A series: its label, its colour, its value in a minute.
@@ -83,8 +84,8 @@ pub(crate) fn svg(minutes: &[MinuteCounts], now: DateTime<Utc>) -> Markup {
                 polyline.series data-series=(name) fill="none" stroke=(colour) stroke-width="2"
                     points=(slots.iter().enumerate().map(|(i, m)| format!("{:.1},{:.1}", x(i), y(f(m)))).collect::<Vec<_>>().join(" ")) {}
                 g.legend {
-                    rect x=(LEFT + 10.0 + 170.0 * n as f64) y=(TOP + 2.0) width="10" height="10" fill=(colour) {}
-                    text x=(LEFT + 24.0 + 170.0 * n as f64) y=(TOP + 11.0) font-size="11" fill="#333" {
+                    rect x=(LEFT + 10.0 + 170.0 * n as f64) y=(6.0) width="10" height="10" fill=(colour) {}
+                    text x=(LEFT + 24.0 + 170.0 * n as f64) y=(15.0) font-size="11" fill="#333" {
                         (name) " " (totals[n])
                     }
                 }
