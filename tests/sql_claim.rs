@@ -310,6 +310,42 @@ async fn postgres_a_row_below_the_floor_is_claimed_by_the_next_full_claim() {
     );
 }
 
+/// A delayed row whose time came is taken by a bounded claim; the floor it leaves stays below
+/// the rows published at that moment (due a second before now), so the next bounded claim takes
+/// a job published just after, without waiting for a full claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_delayed_row_never_lifts_the_floor_above_new_jobs() {
+    let db = Pg::fresh("floor_delayed", PG_JOBS).await;
+    let route = broker_with(&db, "").route::<Jobs>("q");
+    route.connect().await.expect("connect");
+    let job = |i: u64| Job::new("q", &serde_json::json!({ "i": i })).expect("job");
+    route.publish(job(0)).await.expect("publish");
+    route
+        .publish(job(1).after(Duration::from_millis(300)))
+        .await
+        .expect("publish");
+    // A full claim takes the first row and sets the floor; full claims then come at most
+    // every second, so the claims below, well within it, are bounded.
+    let started = Instant::now();
+    let first = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    assert_eq!(first.len(), 1);
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let delayed = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    assert_eq!(delayed.len(), 1, "the delayed row is due");
+    route.publish(job(2)).await.expect("publish");
+    let fresh = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "the claims ran within a second of the full claim (took {:?}): the test shows nothing otherwise",
+        started.elapsed()
+    );
+    assert_eq!(
+        fresh.len(),
+        1,
+        "the job published after the delayed row's claim is above the floor"
+    );
+}
+
 /// Records the job's number; acks.
 async fn record(
     msg: &serde_json::Value,

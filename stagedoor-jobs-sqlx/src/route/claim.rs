@@ -103,7 +103,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                                 .floors
                                 .after_full(queue, earliest, now, started.elapsed())
                         }
-                        Plan::From(_) => self.inner.floors.after_bounded(queue, earliest),
+                        Plan::From(_) => self.inner.floors.after_bounded(queue, earliest, now),
                     }
                 }
                 // Nothing due: on SQLite, look for rows whose `retry_after` is no timestamp
