@@ -37,7 +37,9 @@ impl<B: Broker> Worker<B> {
                     _ = tokio::time::sleep(every) => {}
                     _ = done_rx.changed() => return,
                 }
-                match self.broker.renew(&self.queue.name, &delivery.receipt).await {
+                // Boxed: a backend's future can be many kilobytes (sqlx's are), and held
+                // inline it would make every delivery's task that large, copied at each spawn.
+                match Box::pin(self.broker.renew(&self.queue.name, &delivery.receipt)).await {
                     Ok(true) => failing = false,
                     Ok(false) => tracing::warn!(
                         "lease lost while the handler runs: another worker may run this job; this worker's outcome will be discarded"
@@ -87,10 +89,13 @@ impl<B: Broker> Worker<B> {
         let mut wait = Duration::from_millis(50);
         let mut failures: u32 = 0;
         loop {
-            match self
-                .broker
-                .settle(&self.queue.name, delivery, settlement.clone())
-                .await
+            // Boxed, as the renewal above: one allocation instead of a task the size of the
+            // backend's largest future.
+            match Box::pin(
+                self.broker
+                    .settle(&self.queue.name, delivery, settlement.clone()),
+            )
+            .await
             {
                 Ok(Settled::Done) => {
                     if failures > 0 {
@@ -129,7 +134,7 @@ impl<B: Broker> Worker<B> {
                     if renewed.is_none_or(|t| t.elapsed() >= every) {
                         renewed = Some(tokio::time::Instant::now());
                         if let Ok(false) =
-                            self.broker.renew(&self.queue.name, &delivery.receipt).await
+                            Box::pin(self.broker.renew(&self.queue.name, &delivery.receipt)).await
                         {
                             for o in self.ctx.observers.iter() {
                                 o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
