@@ -94,12 +94,25 @@ pub(crate) struct Cap {
     pub(crate) max_attempts: u32,
 }
 
-/// A delivery to acknowledge in its stream's next [`ACK_MANY`](crate::scripts::ACK_MANY) call.
+/// A settlement to make in its stream's next [`SETTLE_MANY`](crate::scripts::SETTLE_MANY)
+/// call. The answer is 0 when the lease was lost, else 1 plus the dead-stream entries its dead
+/// letter trimmed.
 pub(crate) struct AckReq {
     pub(crate) id: String,
     pub(crate) deliveries: u64,
-    pub(crate) job: String,
-    pub(crate) reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
+    pub(crate) op: SettleOp,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<i64, BrokerError>>,
+}
+
+/// What a batched settlement does with its delivery.
+pub(crate) enum SettleOp {
+    /// Acknowledged (and its job id forgotten).
+    Ack { job: String },
+    /// Added again: to the stream (`due` 0, `items` the entry's flat fields) or to the delayed
+    /// set (`due` in ms, `items` its one member).
+    Retry { due: u64, items: Vec<Vec<u8>> },
+    /// Added to the dead stream (`items` the dead entry's flat fields), its job id forgotten.
+    Dead { job: String, items: Vec<Vec<u8>> },
 }
 
 /// When a queue last looked for entries to reclaim, and when its delayed mover looks next.
