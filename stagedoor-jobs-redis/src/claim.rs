@@ -26,7 +26,7 @@ impl RedisBroker {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        let keys = self.keys(queue);
+        let keys = self.cached_keys(queue);
         let now = tokio::time::Instant::now();
         let hk = self
             .inner

@@ -168,7 +168,7 @@ impl RedisBroker {
         delivery: &Delivery<RedisReceipt>,
         settlement: Settlement,
     ) -> Result<Settled, BrokerError> {
-        let keys = self.keys(queue);
+        let keys = self.cached_keys(queue);
         let r = &delivery.receipt;
         let job = delivery.envelope.id().to_string();
         let (op, delayed) = match settlement {
