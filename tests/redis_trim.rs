@@ -211,3 +211,50 @@ async fn a_retry_settled_twice_is_added_once() {
     }
     assert_eq!(xlen(&broker, &mut c).await, 0);
 }
+
+/// A dead stream read as a queue deletes each settled entry at once (its length is the count
+/// of its dead letters): nothing waits for a trim there.
+#[tokio::test]
+async fn a_dead_stream_read_as_a_queue_deletes_each_settled_entry() {
+    use stagedoor_jobs::broker::DeadLetters;
+    let (broker, _c) = setup().await;
+    let dead = format!("{QUEUE}:dead");
+    publish(&broker, 2).await;
+    let ds = broker
+        .claim(QUEUE, 2, Duration::from_millis(100))
+        .await
+        .expect("claim");
+    assert_eq!(ds.len(), 2);
+    for d in &ds {
+        let s = Settlement::DeadLetter {
+            target: dead.clone(),
+            failure: Failure::new(FailureCause::Error, "boom", ""),
+        };
+        assert_eq!(
+            broker.settle(QUEUE, d, s).await.expect("dead"),
+            Settled::Done
+        );
+    }
+    assert_eq!(broker.dead_len(&dead).await.expect("dead_len"), 2);
+    broker
+        .prepare(&dead)
+        .await
+        .expect("prepare the dead stream");
+    let held = broker
+        .claim(&dead, 2, Duration::from_millis(100))
+        .await
+        .expect("claim the dead stream");
+    assert_eq!(held.len(), 2);
+    assert_eq!(
+        broker
+            .settle(&dead, &held[1], Settlement::Ack)
+            .await
+            .expect("ack"),
+        Settled::Done
+    );
+    assert_eq!(
+        broker.dead_len(&dead).await.expect("dead_len"),
+        1,
+        "the settled dead letter is gone though an older one is pending"
+    );
+}

@@ -246,6 +246,14 @@ impl RedisBroker {
         Keys::of(&self.namespace, name)
     }
 
+    /// Whether settled entries leave `keys`' stream by trimming (see
+    /// [`SETTLE_MANY`](crate::scripts::SETTLE_MANY)): on Redis 7 (which has the group's lag
+    /// to count ready entries from), and not on a dead stream, whose length is the count of
+    /// its dead letters and whose entries the CLI lists: there each is deleted.
+    pub(crate) fn trims(&self, keys: &Keys) -> bool {
+        self.allow_oom() && !Keys::is_dead(&keys.name)
+    }
+
     /// [`keys`](Self::keys), shared: looked up once formatted (the settlement path).
     pub(crate) fn cached_keys(&self, name: &str) -> Arc<Keys> {
         let mut cache = self

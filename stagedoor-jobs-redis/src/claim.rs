@@ -141,7 +141,7 @@ impl RedisBroker {
             .arg(self.now().to_rfc3339())
             .arg(&keys.name)
             .arg(stagedoor_jobs::broker::MAX_ATTEMPT)
-            .arg(if self.allow_oom() { "1" } else { "0" })
+            .arg(if self.trims(keys) { "1" } else { "0" })
             .invoke_async(&mut c)
             .await;
         let reply = match reply {

@@ -97,8 +97,13 @@ async fn settle_batch(
         // running (a range that comes back full is completed id by id).
         .arg(batch.len() * 2 + 64)
         // Redis 7 (script flags) has the group's lag to count ready entries from: settled
-        // entries are trimmed there, deleted one by one on Redis 6.2.
-        .arg(if allow_oom { TRIM_WINDOW_MS } else { 0 });
+        // entries are trimmed there, deleted one by one on Redis 6.2 and on a dead stream
+        // (whose length is the dead letters' count, and whose entries the CLI lists).
+        .arg(if allow_oom && !Keys::is_dead(&keys.name) {
+            TRIM_WINDOW_MS
+        } else {
+            0
+        });
     for r in &batch {
         match &r.op {
             SettleOp::Ack { job } => {
