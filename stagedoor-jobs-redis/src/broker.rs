@@ -39,6 +39,8 @@ use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
 
 /// The consumer group every worker joins.
 pub(crate) const GROUP: &str = "stagedoor";
+/// The most queues whose keys [`RedisBroker::cached_keys`] keeps.
+pub(crate) const KEYS_CACHED: usize = 1024;
 /// How long the dead stream grows before it is trimmed (approximately).
 pub(crate) const DEAD_MAXLEN: u64 = 10_000;
 
@@ -78,6 +80,9 @@ pub(crate) struct Inner {
     pub(crate) housekeeping: Mutex<HashMap<String, Housekeeping>>,
     /// Dead-stream entries trimmed away so far (also logged).
     pub(crate) trimmed: AtomicU64,
+    /// Per namespace and queue, its keys: a settlement looks them up instead of formatting
+    /// them again (emptied past [`KEYS_CACHED`] queues).
+    pub(crate) keys: Mutex<HashMap<String, HashMap<String, Arc<Keys>>>>,
     /// Per stream, the task that acknowledges settled deliveries in batches.
     pub(crate) acks: Mutex<HashMap<String, tokio::sync::mpsc::UnboundedSender<AckReq>>>,
     /// Per queue, the caps of its mounts that have a dead letter (told by [`Broker::check`]
@@ -94,12 +99,25 @@ pub(crate) struct Cap {
     pub(crate) max_attempts: u32,
 }
 
-/// A delivery to acknowledge in its stream's next [`ACK_MANY`](crate::scripts::ACK_MANY) call.
+/// A settlement to make in its stream's next [`SETTLE_MANY`](crate::scripts::SETTLE_MANY)
+/// call. The answer is 0 when the lease was lost, else 1 plus the dead-stream entries its dead
+/// letter trimmed.
 pub(crate) struct AckReq {
     pub(crate) id: String,
     pub(crate) deliveries: u64,
-    pub(crate) job: String,
-    pub(crate) reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
+    pub(crate) op: SettleOp,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<i64, BrokerError>>,
+}
+
+/// What a batched settlement does with its delivery.
+pub(crate) enum SettleOp {
+    /// Acknowledged (and its job id forgotten).
+    Ack { job: String },
+    /// Added again: to the stream (`due` 0, `items` the entry's flat fields) or to the delayed
+    /// set (`due` in ms, `items` its one member).
+    Retry { due: u64, items: Vec<Vec<u8>> },
+    /// Added to the dead stream (`items` the dead entry's flat fields), its job id forgotten.
+    Dead { job: String, items: Vec<Vec<u8>> },
 }
 
 /// When a queue last looked for entries to reclaim, and when its delayed mover looks next.
@@ -155,6 +173,7 @@ impl RedisBroker {
                 housekeeping: Mutex::new(HashMap::new()),
                 trimmed: AtomicU64::new(0),
                 acks: Mutex::new(HashMap::new()),
+                keys: Mutex::new(HashMap::new()),
                 caps: Mutex::new(HashMap::new()),
             }),
             lease: DEFAULT_LEASE,
@@ -225,6 +244,35 @@ impl RedisBroker {
     /// The keys of queue (or dead stream) `name` in this broker's namespace.
     pub(crate) fn keys(&self, name: &str) -> Keys {
         Keys::of(&self.namespace, name)
+    }
+
+    /// Whether settled entries leave `keys`' stream by trimming (see
+    /// [`SETTLE_MANY`](crate::scripts::SETTLE_MANY)): on Redis 7 (which has the group's lag
+    /// to count ready entries from), and not on a dead stream, whose length is the count of
+    /// its dead letters and whose entries the CLI lists: there each is deleted.
+    pub(crate) fn trims(&self, keys: &Keys) -> bool {
+        self.allow_oom() && !Keys::is_dead(&keys.name)
+    }
+
+    /// [`keys`](Self::keys), shared: looked up once formatted (the settlement path).
+    pub(crate) fn cached_keys(&self, name: &str) -> Arc<Keys> {
+        let mut cache = self
+            .inner
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(k) = cache.get(&self.namespace).and_then(|m| m.get(name)) {
+            return Arc::clone(k);
+        }
+        if cache.values().map(HashMap::len).sum::<usize>() >= KEYS_CACHED {
+            cache.clear();
+        }
+        let k = Arc::new(self.keys(name));
+        cache
+            .entry(self.namespace.clone())
+            .or_default()
+            .insert(name.to_owned(), Arc::clone(&k));
+        k
     }
 
     /// Puts every key of this broker in namespace `ns` (`{ns<queue>}`), so that several

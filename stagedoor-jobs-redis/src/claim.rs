@@ -26,7 +26,7 @@ impl RedisBroker {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        let keys = self.keys(queue);
+        let keys = self.cached_keys(queue);
         let now = tokio::time::Instant::now();
         let hk = self
             .inner
@@ -112,7 +112,7 @@ impl RedisBroker {
             }
             Err(e) => return Err(self.err(e)),
         };
-        for (id, fields) in value::read_reply(&reply) {
+        for (id, fields) in value::into_read_reply(reply) {
             if let Some(d) = self.delivery(&keys, id, fields, 1).await? {
                 out.push(d);
             }
@@ -141,6 +141,7 @@ impl RedisBroker {
             .arg(self.now().to_rfc3339())
             .arg(&keys.name)
             .arg(stagedoor_jobs::broker::MAX_ATTEMPT)
+            .arg(if self.trims(keys) { "1" } else { "0" })
             .invoke_async(&mut c)
             .await;
         let reply = match reply {
@@ -192,7 +193,7 @@ impl RedisBroker {
     ) -> Result<Option<Delivery<RedisReceipt>>, BrokerError> {
         // An entry without a `job_id` (added by hand) takes its entry id as its job id: the
         // delivery, its retry (a new entry), its dead letter and the CLI all show that one id.
-        let fields = if entry::text(&fields, "job_id").is_some_and(|j| !j.is_empty()) {
+        let fields = if entry::get(&fields, "job_id").is_some_and(|j| !j.is_empty()) {
             fields
         } else {
             entry::with(&fields, "job_id", id.clone())

@@ -256,6 +256,8 @@ impl RedisBroker {
             .arg(deliveries)
             .arg(&job)
             .arg(DEAD_MAXLEN)
+            // Redis 7: the settled entries at the stream's head are trimmed (see SETTLE_MANY).
+            .arg(if self.trims(keys) { "1" } else { "0" })
             .arg(entry::flat(&f))
             .invoke_async(&mut c)
             .await

@@ -97,7 +97,8 @@ pub(crate) fn id_time(id: &str) -> DateTime<Utc> {
 
 /// The `enqueued_at` field as a time, if it is one.
 pub(crate) fn enqueued_at(fields: &Fields) -> Option<DateTime<Utc>> {
-    text(fields, "enqueued_at")
+    get(fields, "enqueued_at")
+        .and_then(|t| std::str::from_utf8(t).ok())
         .and_then(|t| t.parse::<i64>().ok())
         .and_then(DateTime::<Utc>::from_timestamp_millis)
 }

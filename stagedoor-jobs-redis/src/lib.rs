@@ -12,7 +12,7 @@
 //!
 //! | what | key | in `redis-cli` |
 //! |---|---|---|
-//! | the stream (group `stagedoor`) | `{jobs}` | `XLEN {jobs}`, `XPENDING {jobs} stagedoor` |
+//! | the stream (group `stagedoor`) | `{jobs}` | `XINFO GROUPS {jobs}` (`lag`: ready), `XPENDING {jobs} stagedoor` |
 //! | the dead stream | `{jobs}:dead` | `XRANGE {jobs}:dead - + COUNT 1` |
 //! | delayed jobs and retries (score: due, ms) | `{jobs}:delayed` | `ZRANGE {jobs}:delayed 0 -1 WITHSCORES` |
 //! | ids of the jobs in the queue | `{jobs}:ids` | `SCARD {jobs}:ids` |
@@ -20,6 +20,11 @@
 //! | a scheduler tick's guard | `{jobs}:once:<guard>` | `SCAN 0 MATCH {jobs}:once:*` |
 //!
 //! The dead letter of a mount on `jobs` is `jobs:dead`.
+//!
+//! Settled entries leave the stream by `XTRIM MINID` below the group's oldest pending entry
+//! (Redis 7 and later; on 6.2 each is deleted): the stream may hold up to about a second of
+//! settled entries above a delivery still running, so `XLEN` counts those too, and the ready
+//! count is the group's lag.
 //!
 //! Workers' reports and per-minute counts ([`Activity`](stagedoor_jobs::Activity)) share the
 //! tag `{stagedoor:activity}`: `{stagedoor:activity}:worker:<id>` (a report, expiring),

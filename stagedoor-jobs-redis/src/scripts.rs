@@ -53,73 +53,177 @@ fn with_owned(body: &str) -> OomScript {
     OomScript::new(&format!("{OWNED}\n{body}"))
 }
 
-/// Most deliveries one [`ACK_MANY`] call acknowledges.
+/// Trims the settled entries at the head of a stream: every entry below the group's oldest
+/// pending one was delivered and settled (with nothing pending, every entry up to the group's
+/// last-delivered id was), so `XTRIM MINID` drops them, whole listpack nodes at a time: far
+/// cheaper than deleting entries one by one. Returns whether entries settled at id `highest`
+/// are more than `window` ms of entry time above a delivery still pending (a long handler, a
+/// worker that died), which the caller then deletes one by one: the stream holds at most about
+/// `window` of settled entries.
+const TRIM: &str = r"
+local function trim_settled(stream, group, window, highest)
+  local minid
+  local o = redis.call('XPENDING', stream, group, '-', '+', 1)
+  if #o == 1 then
+    minid = o[1][1]
+  else
+    local gs = redis.call('XINFO', 'GROUPS', stream)
+    for _, g in ipairs(gs) do
+      local name, lastid
+      for k = 1, #g, 2 do
+        if g[k] == 'name' then name = g[k + 1] end
+        if g[k] == 'last-delivered-id' then lastid = g[k + 1] end
+      end
+      if name == group and lastid then
+        local ms, seq = string.match(lastid, '^(%d+)-(%d+)$')
+        if ms and #seq < 15 then minid = ms .. '-' .. string.format('%d', tonumber(seq) + 1) end
+      end
+    end
+  end
+  if not minid then return true end
+  redis.call('XTRIM', stream, 'MINID', minid)
+  if not highest then return false end
+  local oldest = tonumber(string.match(minid, '^(%d+)-')) or 0
+  local top = tonumber(string.match(highest, '^(%d+)-')) or 0
+  return top - oldest > window
+end
+";
+
+fn with_trim(body: &str) -> OomScript {
+    OomScript::new(&format!("{TRIM}\n{body}"))
+}
+
+/// Most settlements one [`SETTLE_MANY`] call makes.
 pub(crate) const ACK_BATCH: usize = 256;
 
-/// Acknowledges a batch of deliveries (at most [`ACK_BATCH`], so the `unpack`s stay bounded):
-/// each owned one is acknowledged, deleted from the stream and its job id forgotten, with one
-/// `XACK`, one `XDEL` and one `SREM` for the batch. KEYS: stream, ids. ARGV: group, consumer, then
-/// `id, deliveries, job_id` per delivery. Returns 1 or 0 per delivery, in order; each is fenced
-/// on its own consumer and delivery count.
-pub(crate) static ACK_MANY: LazyLock<OomScript> = LazyLock::new(|| {
-    with_owned(
+/// Settles a batch of deliveries (at most [`ACK_BATCH`]), each fenced on its own consumer and
+/// delivery count: acknowledgements, retries (a new entry now, or a member of the delayed set)
+/// and dead letters, in one step. The fence reads this consumer's pending entries between the
+/// batch's lowest and highest id with one `XPENDING` range (`ARGV[6]` at most; an id past a
+/// range that came back full is looked up on its own), instead of one `XPENDING` per delivery;
+/// a delivery settled earlier in the same call no longer counts as held. Every held delivery
+/// is acknowledged with one `XACK` and the job ids of those acknowledged or dead-lettered
+/// forgotten with one `SREM`. Settled entries leave the stream by one `XTRIM MINID` below the
+/// group's oldest pending entry (Redis 7 and later, `ARGV[7]` > 0: the queue's ready count then
+/// comes from the group's lag), and are deleted with one `XDEL` when that trim leaves them
+/// (they are more than `ARGV[7]` ms of entry time above a delivery still pending) or on Redis
+/// 6.2 (`ARGV[7]` 0, which has no lag to count from).
+///
+/// KEYS: stream, ids, delayed, dead. ARGV: group, consumer, dead maxlen, lowest id, highest id,
+/// range count, trim window (ms; 0: delete instead), then one group per settlement: `a, id, deliveries, job_id` (acknowledge),
+/// `r, id, deliveries, due_ms ('0': now), n, n items` (retry: the entry's flat fields when due
+/// now, its delayed-set member when not), `x, id, deliveries, job_id, n, n items` (dead letter:
+/// its dead entry's flat fields). Returns per settlement, in order, 0 when the lease was lost,
+/// else 1 plus the dead-stream entries trimmed by its dead letter.
+///
+/// A script that fails half-way is not undone: the keys a retry or a dead letter writes to are
+/// checked for their type before the first write, so that no write of the call can fail after
+/// another took effect (a retry added again by the runtime's next try would run twice).
+pub(crate) static SETTLE_MANY: LazyLock<OomScript> = LazyLock::new(|| {
+    with_trim(
         r"
-local out, ids, jobs = {}, {}, {}
-local i = 3
-while i + 2 <= #ARGV do
-  if owned(KEYS[1], ARGV[1], ARGV[2], ARGV[i], ARGV[i + 1]) then
-    ids[#ids + 1] = ARGV[i]
-    jobs[#jobs + 1] = ARGV[i + 2]
-    out[#out + 1] = 1
-  else
-    out[#out + 1] = 0
+local stream, group, consumer = KEYS[1], ARGV[1], ARGV[2]
+local limit = tonumber(ARGV[6])
+local held = {}
+local p = redis.call('XPENDING', stream, group, ARGV[4], ARGV[5], limit, consumer)
+for _, e in ipairs(p) do held[e[1]] = e[4] end
+local complete = #p < limit
+local function owned(id, d)
+  local h = held[id]
+  if h == nil and not complete then
+    local q = redis.call('XPENDING', stream, group, id, id, 1)
+    if #q == 1 and q[1][2] == consumer then h = q[1][4] else h = false end
   end
-  i = i + 3
+  if h and tonumber(h) == tonumber(d) then
+    held[id] = false
+    return true
+  end
+  return false
+end
+local i, last = 8, #ARGV
+local delayed_ok, dead_ok = true, true
+while i <= last do
+  local op = ARGV[i]
+  if op == 'a' then i = i + 4
+  else
+    if op == 'r' and ARGV[i + 3] ~= '0' then delayed_ok = false end
+    if op == 'x' then dead_ok = false end
+    i = i + 5 + tonumber(ARGV[i + 4])
+  end
+end
+if not delayed_ok then
+  local t = redis.call('TYPE', KEYS[3])['ok']
+  if t ~= 'zset' and t ~= 'none' then return redis.error_reply('WRONGTYPE the delayed set ' .. KEYS[3] .. ' is a ' .. t) end
+end
+if not dead_ok then
+  local t = redis.call('TYPE', KEYS[4])['ok']
+  if t ~= 'stream' and t ~= 'none' then return redis.error_reply('WRONGTYPE the dead stream ' .. KEYS[4] .. ' is a ' .. t) end
+end
+local out, ids, jobs = {}, {}, {}
+i = 8
+while i <= last do
+  local op, id = ARGV[i], ARGV[i + 1]
+  local ok = owned(id, ARGV[i + 2])
+  local r = 0
+  if op == 'a' then
+    if ok then
+      ids[#ids + 1] = id
+      jobs[#jobs + 1] = ARGV[i + 3]
+      r = 1
+    end
+    i = i + 4
+  else
+    local n = tonumber(ARGV[i + 4])
+    if ok then
+      ids[#ids + 1] = id
+      r = 1
+      if op == 'r' then
+        if ARGV[i + 3] == '0' then
+          redis.call('XADD', stream, '*', unpack(ARGV, i + 5, i + 4 + n))
+        else
+          redis.call('ZADD', KEYS[3], ARGV[i + 3], ARGV[i + 5])
+        end
+      else
+        local before = redis.call('XLEN', KEYS[4])
+        redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[3], '*', unpack(ARGV, i + 5, i + 4 + n))
+        r = 1 + before + 1 - redis.call('XLEN', KEYS[4])
+        jobs[#jobs + 1] = ARGV[i + 3]
+      end
+    end
+    i = i + 5 + n
+  end
+  out[#out + 1] = r
 end
 if #ids > 0 then
-  redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))
-  redis.call('XDEL', KEYS[1], unpack(ids))
-  redis.call('SREM', KEYS[2], unpack(jobs))
+  redis.call('XACK', stream, group, unpack(ids))
+  local delete = true
+  if ARGV[7] ~= '0' then delete = trim_settled(stream, group, tonumber(ARGV[7]), ARGV[5]) end
+  if delete then redis.call('XDEL', stream, unpack(ids)) end
 end
+if #jobs > 0 then redis.call('SREM', KEYS[2], unpack(jobs)) end
 return out
 ",
     )
 });
 
-/// KEYS: stream, delayed. ARGV: group, consumer, id, deliveries, due_ms ('0': now), member,
-/// fields... The job is re-added (to the stream at once, or to the delayed set) and the
-/// delivery acknowledged, in one step.
-pub(crate) static RETRY: LazyLock<OomScript> = LazyLock::new(|| {
-    with_owned(
-        r"
-if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
-if ARGV[5] == '0' then
-  redis.call('XADD', KEYS[1], '*', unpack(ARGV, 7))
-else
-  redis.call('ZADD', KEYS[2], ARGV[5], ARGV[6])
-end
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
-redis.call('XDEL', KEYS[1], ARGV[3])
-return 1
-",
-    )
-});
-
-/// KEYS: stream, dead, ids. ARGV: group, consumer, id, deliveries, job_id, maxlen, fields...
-/// Returns {settled, trimmed}.
+/// KEYS: stream, dead, ids. ARGV: group, consumer, id, deliveries, job_id, maxlen, trim ('1':
+/// trim the settled entries at the stream's head, as [`SETTLE_MANY`] does on Redis 7; '0':
+/// not), fields... Returns {settled, trimmed}.
 pub(crate) static DEAD: LazyLock<OomScript> = LazyLock::new(|| {
-    with_owned(
+    OomScript::new(&format!(
+        "{OWNED}\n{TRIM}\n{}",
         r"
 if not owned(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return {0, 0} end
 local before = redis.call('XLEN', KEYS[2])
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', unpack(ARGV, 7))
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', unpack(ARGV, 8))
 local after = redis.call('XLEN', KEYS[2])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[3])
 redis.call('SREM', KEYS[3], ARGV[5])
+if ARGV[7] ~= '0' then trim_settled(KEYS[1], ARGV[1], 0, nil) end
 return {1, before + 1 - after}
-",
-    )
+"
+    ))
 });
 
 /// KEYS: stream. ARGV: group, consumer, id, deliveries. Resets the entry's idle time.
@@ -220,7 +324,8 @@ return {#due, nxt[2] or false}
 });
 
 /// KEYS: stream, dead, ids. ARGV: group, consumer, min_idle_ms, count, max_deliveries,
-/// maxlen, failed_at, queue, max_attempt. Reclaims entries idle past their lease
+/// maxlen, failed_at, queue, max_attempt, trim ('1': trim the settled entries at the stream's
+/// head once entries were acknowledged here, as [`SETTLE_MANY`] does on Redis 7). Reclaims entries idle past their lease
 /// (XAUTOCLAIM), forgets entries deleted while pending, dead-letters entries delivered more
 /// than max_deliveries times without running them (attempts spent: the field's count plus
 /// the deliveries before this one, at most max_attempt), and returns {the rest as {id, fields,
@@ -229,18 +334,20 @@ return {#due, nxt[2] or false}
 /// whose `attempts` field is not a whole number is returned as it is: the broker dead-letters
 /// it as malformed, naming the field.
 pub(crate) static RECLAIM: LazyLock<OomScript> = LazyLock::new(|| {
-    OomScript::new(
+    with_trim(
         r"
+local settled = false
 local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
 local out = {}
 local trimmed = 0
 if r[3] then
-  for _, id in ipairs(r[3]) do redis.call('XACK', KEYS[1], ARGV[1], id) end
+  for _, id in ipairs(r[3]) do redis.call('XACK', KEYS[1], ARGV[1], id); settled = true end
 end
 for _, e in ipairs(r[2]) do
   local id, f = e[1], e[2]
   if not f then
     redis.call('XACK', KEYS[1], ARGV[1], id)
+    settled = true
   else
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
     local d = tonumber(p[1][4])
@@ -278,11 +385,13 @@ for _, e in ipairs(r[2]) do
       redis.call('XACK', KEYS[1], ARGV[1], id)
       redis.call('XDEL', KEYS[1], id)
       redis.call('SREM', KEYS[3], job)
+      settled = true
     else
       table.insert(out, {id, f, d})
     end
   end
 end
+if settled and ARGV[10] ~= '0' then trim_settled(KEYS[1], ARGV[1], 0, nil) end
 return {out, trimmed}
 ",
     )

@@ -5,44 +5,138 @@ use std::sync::Arc;
 
 use stagedoor_jobs::broker::{BrokerError, Delivery, Settled, Settlement};
 
-use crate::broker::{AckReq, GROUP, RedisBroker, RedisReceipt, ms};
+use crate::broker::{AckReq, DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, SettleOp, ms};
 use crate::conn::Conn;
 use crate::entry;
 use crate::errors::Errors;
 use crate::keys::{DEAD_SUFFIX, Keys};
 use crate::scripts;
 
-/// Acknowledges deliveries in batches: what settled while the previous call ran goes in the
-/// next one (one script call for up to `ACK_BATCH` deliveries, each fenced on its own). Runs
-/// under `restart_on_panic`: the receiver is shared so that a restarted loop reads the same
-/// channel (a panic fails only the batch it interrupted; the runtime settles those again).
+/// How far (in entry time) settled entries may sit above a delivery still pending before
+/// they are deleted one by one instead of waiting for the trim below it: the stream holds at
+/// most about this much of settled entries.
+const TRIM_WINDOW_MS: u64 = 1_000;
+
+/// An entry id's order in its stream: `(ms, seq)` (an id that does not parse sorts last).
+fn id_order(id: &str) -> (u64, u64) {
+    id.split_once('-')
+        .and_then(|(m, s)| Some((m.parse().ok()?, s.parse().ok()?)))
+        .unwrap_or((u64::MAX, u64::MAX))
+}
+
+/// Settlement calls of one stream in flight at once: the next batch is sent while the
+/// previous one runs, so that deliveries settled meanwhile do not wait for its answer.
+const CALLS_IN_FLIGHT: usize = 2;
+
+/// Settles deliveries in batches: what settled while the previous calls ran goes in the next
+/// one (one script call for up to `ACK_BATCH` acknowledgements, retries and dead letters, each
+/// fenced on its own; up to `CALLS_IN_FLIGHT` calls at once). Runs under `restart_on_panic`:
+/// the receiver is shared so that a restarted loop reads the same channel (a panic fails only
+/// the batches it interrupted; the runtime settles those again).
 async fn ack_loop(
-    mut c: Conn,
+    c: Conn,
     keys: Keys,
     consumer: String,
     errors: Arc<Errors>,
     allow_oom: bool,
     rx: stagedoor_jobs::supervise::SharedReceiver<AckReq>,
 ) {
+    type Call<'a> = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
     let mut rx = rx.lock().await;
-    let mut batch = Vec::with_capacity(scripts::ACK_BATCH);
-    while rx.recv_many(&mut batch, scripts::ACK_BATCH).await > 0 {
-        let mut call = scripts::ACK_MANY.pick(allow_oom).key(&keys.stream);
-        call.key(&keys.ids).arg(GROUP).arg(&consumer);
-        for r in &batch {
-            call.arg(&r.id).arg(r.deliveries).arg(&r.job);
-        }
-        match call.invoke_async::<Vec<i64>>(&mut c).await {
-            Ok(done) => {
-                for (i, r) in batch.drain(..).enumerate() {
-                    let _ = r.reply.send(Ok(done.get(i) == Some(&1)));
+    let mut calls: [Option<Call<'_>>; CALLS_IN_FLIGHT] = [None, None];
+    let mut open = true;
+    while open || calls.iter().any(Option::is_some) {
+        let free = calls.iter().position(Option::is_none).filter(|_| open);
+        let mut batch = Vec::new();
+        let [a, b] = &mut calls;
+        tokio::select! {
+            n = rx.recv_many(&mut batch, scripts::ACK_BATCH), if free.is_some() => {
+                if n == 0 {
+                    open = false;
+                } else if let Some(i) = free {
+                    let call = settle_batch(c.clone(), &keys, &consumer, &errors, allow_oom, batch);
+                    calls[i] = Some(Box::pin(call));
                 }
             }
-            Err(e) => {
-                let e = errors.of(e);
-                for r in batch.drain(..) {
-                    let _ = r.reply.send(Err(e.clone()));
-                }
+            () = async { if let Some(f) = a { f.await } }, if a.is_some() => calls[0] = None,
+            () = async { if let Some(f) = b { f.await } }, if b.is_some() => calls[1] = None,
+        }
+    }
+}
+
+/// One settlement call for `batch`; every delivery in it is answered.
+async fn settle_batch(
+    mut c: Conn,
+    keys: &Keys,
+    consumer: &str,
+    errors: &Errors,
+    allow_oom: bool,
+    mut batch: Vec<AckReq>,
+) {
+    let (mut lo, mut hi) = ((u64::MAX, u64::MAX), (0, 0));
+    let (mut lo_id, mut hi_id) = ("+", "-");
+    for r in &batch {
+        let o = id_order(&r.id);
+        if o <= lo {
+            (lo, lo_id) = (o, &r.id);
+        }
+        if o >= hi {
+            (hi, hi_id) = (o, &r.id);
+        }
+    }
+    let mut call = scripts::SETTLE_MANY.pick(allow_oom).key(&keys.stream);
+    call.key(&keys.ids)
+        .key(&keys.delayed)
+        .key(&keys.dead)
+        .arg(GROUP)
+        .arg(consumer)
+        .arg(DEAD_MAXLEN)
+        .arg(lo_id)
+        .arg(hi_id)
+        // This consumer's pending entries in the range: the batch, and others still
+        // running (a range that comes back full is completed id by id).
+        .arg(batch.len() * 2 + 64)
+        // Redis 7 (script flags) has the group's lag to count ready entries from: settled
+        // entries are trimmed there, deleted one by one on Redis 6.2 and on a dead stream
+        // (whose length is the dead letters' count, and whose entries the CLI lists).
+        .arg(if allow_oom && !Keys::is_dead(&keys.name) {
+            TRIM_WINDOW_MS
+        } else {
+            0
+        });
+    for r in &batch {
+        match &r.op {
+            SettleOp::Ack { job } => {
+                call.arg("a").arg(&r.id).arg(r.deliveries).arg(job);
+            }
+            SettleOp::Retry { due, items } => {
+                call.arg("r")
+                    .arg(&r.id)
+                    .arg(r.deliveries)
+                    .arg(*due)
+                    .arg(items.len())
+                    .arg(items);
+            }
+            SettleOp::Dead { job, items } => {
+                call.arg("x")
+                    .arg(&r.id)
+                    .arg(r.deliveries)
+                    .arg(job)
+                    .arg(items.len())
+                    .arg(items);
+            }
+        }
+    }
+    match call.invoke_async::<Vec<i64>>(&mut c).await {
+        Ok(done) => {
+            for (i, r) in batch.drain(..).enumerate() {
+                let _ = r.reply.send(Ok(done.get(i).copied().unwrap_or(0)));
+            }
+        }
+        Err(e) => {
+            let e = errors.of(e);
+            for r in batch.drain(..) {
+                let _ = r.reply.send(Err(e.clone()));
             }
         }
     }
@@ -79,77 +173,32 @@ impl RedisBroker {
         delivery: &Delivery<RedisReceipt>,
         settlement: Settlement,
     ) -> Result<Settled, BrokerError> {
-        let keys = self.keys(queue);
+        let keys = self.cached_keys(queue);
         let r = &delivery.receipt;
         let job = delivery.envelope.id().to_string();
-        let mut c = self.conn()?;
-        let done = match settlement {
-            Settlement::Ack | Settlement::Drop => {
-                let (reply, answer) = tokio::sync::oneshot::channel();
-                let stopped =
-                    || BrokerError::Connection("the acknowledgement task stopped".to_owned());
-                let mut req = AckReq {
-                    id: r.id.clone(),
-                    deliveries: r.deliveries,
-                    job,
-                    reply,
-                };
-                // A send fails only if the task stopped since `ack_sender` looked: the second
-                // look starts it again.
-                let mut sent = false;
-                for _ in 0..2 {
-                    match self.ack_sender(&c, &keys).send(req) {
-                        Ok(()) => {
-                            sent = true;
-                            break;
-                        }
-                        Err(e) => req = e.0,
-                    }
-                }
-                if !sent {
-                    return Err(stopped());
-                }
-                answer.await.map_err(|_| stopped())??
-            }
+        let (op, delayed) = match settlement {
+            Settlement::Ack | Settlement::Drop => (SettleOp::Ack { job }, None),
             Settlement::Retry { delay, .. } => {
                 // The next entry carries the attempts spent so far (its next delivery is this
                 // one's number + 1).
                 let spent =
                     entry::attempts_after(delivery.envelope.attempt(), Keys::is_dead(queue));
                 let fields = entry::with(&r.fields, "attempts", spent.to_string());
-                let due = if delay.is_zero() {
-                    0
+                if delay.is_zero() {
+                    let items = entry::flat(&fields);
+                    (SettleOp::Retry { due: 0, items }, None)
                 } else {
-                    ms(self.now() + stagedoor_jobs::broker::chrono_duration(delay)).max(1)
-                };
-                let n: i64 = scripts::RETRY
-                    .pick(self.allow_oom())
-                    .key(&keys.stream)
-                    .key(&keys.delayed)
-                    .arg(GROUP)
-                    .arg(&self.inner.consumer)
-                    .arg(&r.id)
-                    .arg(r.deliveries)
-                    .arg(due)
-                    .arg(entry::member(&fields))
-                    .arg(entry::flat(&fields))
-                    .invoke_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                if n == 1 && due > 0 {
-                    // The mover should look by then.
-                    let at = tokio::time::Instant::now() + delay;
-                    if let Some(h) = self
-                        .inner
-                        .housekeeping
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .get_mut(queue)
-                    {
-                        h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
-                    }
+                    let due =
+                        ms(self.now() + stagedoor_jobs::broker::chrono_duration(delay)).max(1);
+                    let items = vec![entry::member(&fields)];
+                    (
+                        SettleOp::Retry {
+                            due: due as u64,
+                            items,
+                        },
+                        Some(delay),
+                    )
                 }
-                n == 1
             }
             Settlement::DeadLetter { target, failure } => {
                 let target_keys = self.keys(&target);
@@ -159,16 +208,59 @@ impl RedisBroker {
                         keys.name.clone() + DEAD_SUFFIX
                     )));
                 }
-                self.dead_letter_held(
-                    &keys,
-                    (&r.id, r.deliveries, &r.fields),
+                let f = self.dead_fields(
+                    &r.fields,
                     Some(delivery.envelope.attempt()),
                     &failure.error,
                     &failure.traceback,
-                )
-                .await?
+                    &keys.name,
+                );
+                let items = entry::flat(&f);
+                (SettleOp::Dead { job, items }, None)
             }
         };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let stopped = || BrokerError::Connection("the settlement task stopped".to_owned());
+        let mut req = AckReq {
+            id: r.id.clone(),
+            deliveries: r.deliveries,
+            op,
+            reply,
+        };
+        // A send fails only if the task stopped since `ack_sender` looked: the second look
+        // starts it again.
+        let c = self.conn()?;
+        let mut sent = false;
+        for _ in 0..2 {
+            match self.ack_sender(&c, &keys).send(req) {
+                Ok(()) => {
+                    sent = true;
+                    break;
+                }
+                Err(e) => req = e.0,
+            }
+        }
+        if !sent {
+            return Err(stopped());
+        }
+        let n = answer.await.map_err(|_| stopped())??;
+        let done = n > 0;
+        if done && let Some(delay) = delayed {
+            // The mover should look by then.
+            let at = tokio::time::Instant::now() + delay;
+            if let Some(h) = self
+                .inner
+                .housekeeping
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get_mut(queue)
+            {
+                h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
+            }
+        }
+        if n > 1 {
+            self.note_trimmed(&keys.dead, n - 1);
+        }
         Ok(if done {
             Settled::Done
         } else {

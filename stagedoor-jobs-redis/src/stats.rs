@@ -97,15 +97,24 @@ impl RedisBroker {
         let expired = (replies.get(4).map_or(0, |v| value::array(v).len()) as u64).min(pending);
         // The oldest entry not yet delivered to the group is the first after its last-delivered id.
         let mut oldest = None;
-        let last_delivered = replies.get(3).and_then(|groups| {
+        let group = replies.get(3).and_then(|groups| {
             value::array(groups).iter().find_map(|g| {
                 let f = value::fields(g);
-                (entry::text(&f, "name").as_deref() == Some(GROUP))
-                    .then(|| entry::text(&f, "last-delivered-id"))
-                    .flatten()
+                (entry::text(&f, "name").as_deref() == Some(GROUP)).then_some(f)
             })
         });
-        let ready = len.saturating_sub(pending);
+        let last_delivered = group
+            .as_ref()
+            .and_then(|f| entry::text(f, "last-delivered-id"));
+        // Entries not yet delivered: the group's lag (Redis 7), which counts right while
+        // settled entries wait for the trim below the oldest pending one; on Redis 6.2 (every
+        // settled entry deleted) and when the server cannot tell the lag, the entries that are
+        // not pending.
+        let lag = group
+            .as_ref()
+            .and_then(|f| entry::text(f, "lag"))
+            .and_then(|l| l.parse::<u64>().ok());
+        let ready = lag.unwrap_or_else(|| len.saturating_sub(pending));
         if ready > 0 {
             let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
             let reply: Value = cmd("XRANGE")

@@ -61,16 +61,81 @@ pub(crate) fn entries(v: &Value) -> Vec<(String, Fields)> {
         .collect()
 }
 
-/// The entries of an XREADGROUP reply (one stream).
-pub(crate) fn read_reply(v: &Value) -> Vec<(String, Fields)> {
+/// [`bytes`], taking the value's own buffer instead of copying it.
+pub(crate) fn into_bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        Value::Int(i) => Some(i.to_string().into_bytes()),
+        Value::VerbatimString { text, .. } => Some(text.into_bytes()),
+        Value::Okay => Some(b"OK".to_vec()),
+        _ => None,
+    }
+}
+
+/// [`string`], taking the value's own buffer.
+pub(crate) fn into_string(v: Value) -> Option<String> {
+    into_bytes(v).map(|b| {
+        String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    })
+}
+
+/// [`array`], taking the items.
+pub(crate) fn into_array(v: Value) -> Vec<Value> {
+    match v {
+        Value::Array(a) | Value::Set(a) => a,
+        _ => Vec::new(),
+    }
+}
+
+/// [`fields`], taking the names and values.
+pub(crate) fn into_fields(v: Value) -> Fields {
+    match v {
+        Value::Map(m) => m
+            .into_iter()
+            .filter_map(|(k, v)| Some((into_bytes(k)?, into_bytes(v)?)))
+            .collect(),
+        other => {
+            let items = into_array(other);
+            let mut out = Vec::with_capacity(items.len() / 2);
+            let mut it = items.into_iter();
+            while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                if let (Some(k), Some(v)) = (into_bytes(k), into_bytes(v)) {
+                    out.push((k, v));
+                }
+            }
+            out
+        }
+    }
+}
+
+/// [`entries`], taking the ids and fields.
+fn into_entries(v: Value) -> Vec<(String, Fields)> {
+    into_array(v)
+        .into_iter()
+        .filter_map(|e| {
+            let mut it = into_array(e).into_iter();
+            match (it.next(), it.next(), it.next()) {
+                (Some(id), Some(f), None) => Some((into_string(id)?, into_fields(f))),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The entries of an XREADGROUP reply (one stream), taken out of the reply (not copied).
+pub(crate) fn into_read_reply(v: Value) -> Vec<(String, Fields)> {
     match v {
         Value::Nil => Vec::new(),
-        Value::Map(m) => m.iter().flat_map(|(_, e)| entries(e)).collect(),
-        other => array(other)
-            .iter()
-            .flat_map(|s| match array(s) {
-                [_, e] => entries(e),
-                _ => Vec::new(),
+        Value::Map(m) => m.into_iter().flat_map(|(_, e)| into_entries(e)).collect(),
+        other => into_array(other)
+            .into_iter()
+            .flat_map(|s| {
+                let mut it = into_array(s).into_iter();
+                match (it.next(), it.next(), it.next()) {
+                    (Some(_), Some(e), None) => into_entries(e),
+                    _ => Vec::new(),
+                }
             })
             .collect(),
     }
