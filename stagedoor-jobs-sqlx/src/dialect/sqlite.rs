@@ -1,6 +1,6 @@
 //! What SQLite does its own way: opening the database file (WAL, `synchronous = NORMAL`),
-//! waking only this process's workers on publish (no `NOTIFY`), and counting the rows a
-//! statement changed.
+//! waking workers (no `NOTIFY`: this process's on publish, and on other connections' commits
+//! seen by a change watcher), and counting the rows a statement changed.
 
 use std::time::Duration;
 
@@ -138,7 +138,7 @@ impl Sealed for sqlx::Sqlite {
     async fn open(broker: &SqlxBroker<Self>) -> Result<(), BrokerError> {
         use std::str::FromStr;
         let shared = &broker.shared;
-        shared
+        let pool = shared
             .pool
             .get_or_try_init(|| async {
                 match broker.take_source() {
@@ -161,7 +161,89 @@ impl Sealed for sqlx::Sqlite {
                     None => Err(BrokerError::Connection("the broker's connection failed earlier; restart the service".to_owned())),
                 }
             })
-            .await?;
+            .await?
+            .clone();
+        if !shared
+            .listening
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let broker = broker.clone();
+            // Restarted after a panic; it returns when the pool closes.
+            tokio::spawn(stagedoor_jobs::supervise::restart_on_panic(
+                "sqlite change watcher",
+                move || watch(broker.clone(), pool.clone()),
+            ));
+        }
         Ok(())
+    }
+}
+
+/// How often a process with an idle worker asks SQLite whether another connection committed.
+pub(crate) const CHANGE_CHECK: Duration = Duration::from_millis(2);
+
+/// Wakes this process's idle workers when another connection (another process, another broker
+/// of this one, or this broker's own pool) commits to the database: `PRAGMA data_version`, on
+/// a connection of its own, changes exactly then. Checked every [`CHANGE_CHECK`], and only
+/// while a claim waits (a busy worker looks for rows anyway); a no-op statement (a claim that
+/// found nothing) commits nothing, so an idle process never wakes itself. This broker's own
+/// publishes wake its workers at once without it. Returns when `pool` closes.
+async fn watch(broker: SqlxBroker<sqlx::Sqlite>, pool: sqlx::SqlitePool) {
+    use sqlx::Connection as _;
+    let closed = pool.close_event();
+    tokio::pin!(closed);
+    let shared = &broker.shared;
+    let mut conn: Option<sqlx::SqliteConnection> = None;
+    let mut last: Option<i64> = None;
+    loop {
+        // Sleep while no claim waits.
+        loop {
+            let started = shared.idle_started.notified();
+            tokio::pin!(started);
+            started.as_mut().enable();
+            if shared.idle_claims.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                break;
+            }
+            tokio::select! {
+                _ = started => {}
+                _ = &mut closed => return,
+            }
+        }
+        let version = match conn.as_mut() {
+            Some(c) => sqlx::query_scalar::<_, i64>("PRAGMA data_version")
+                .fetch_one(&mut *c)
+                .await
+                .map_err(|e| e.to_string()),
+            None => match sqlx::SqliteConnection::connect_with(&pool.connect_options()).await {
+                Ok(c) => {
+                    conn = Some(c);
+                    continue;
+                }
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        let pause = match version {
+            Ok(v) => {
+                // A first count (a new connection) wakes too: a commit may have come
+                // between a claim's look and it.
+                if last != Some(v) {
+                    broker.wake_all();
+                }
+                last = Some(v);
+                CHANGE_CHECK
+            }
+            Err(e) => {
+                // Workers still poll meanwhile; a new connection starts a new count.
+                tracing::debug!(error = %e, "sqlite change watcher: cannot read data_version; trying again");
+                if let Some(c) = conn.take() {
+                    let _ = c.close().await;
+                }
+                last = None;
+                Duration::from_millis(100)
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = &mut closed => return,
+        }
     }
 }
