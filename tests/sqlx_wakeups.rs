@@ -1,7 +1,7 @@
 //! An idle SQLite worker starts a job within milliseconds of its publish, whether the publish
 //! comes from its own broker (a wake-up in the process) or from another connection to the same
-//! file (another broker here, standing for another process: SQLite's change watcher,
-//! `PRAGMA data_version`).
+//! file (another broker here, standing for another process: the watcher of the database
+//! files).
 //!
 //! The assertions are structural, not a timed benchmark: the workers poll once a minute, so
 //! without the wake-up a job waits for the next poll (the test gives up after 10 s). A p50
@@ -113,7 +113,8 @@ async fn sqlite_publish_in_the_same_broker_starts_the_job_at_once() {
 }
 
 /// A publish through another broker on the same file (its own pool and connections: what
-/// another process is to this one) wakes the idle claim through the change watcher.
+/// another process is to this one) wakes the idle claim through the watcher of the database
+/// files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_publish_from_another_connection_starts_the_job_within_milliseconds() {
     let db = Lite::fresh("wake-other", conf_ddl::<Lite>()).await;

@@ -21,10 +21,9 @@ pub(crate) struct Shared<DB: Database> {
     pub(crate) wake: Notify,
     /// Counts wake-ups, so an idle claim knows whether anything happened since it last looked.
     pub(crate) wakes: std::sync::atomic::AtomicU64,
-    /// How many claims wait for a wake-up now (see [`SqlxBroker::idle_claim`]).
+    /// How many claims wait for a wake-up now (see [`SqlxBroker::idle_claim`]): SQLite's
+    /// watcher of the database files looks only meanwhile.
     pub(crate) idle_claims: std::sync::atomic::AtomicUsize,
-    /// Woken when a claim starts waiting: SQLite's change watcher checks only meanwhile.
-    pub(crate) idle_started: Notify,
     pub(crate) clock: Mutex<Clock>,
     /// The task that wakes idle claims on other connections' changes runs (Postgres `LISTEN`,
     /// SQLite's change watcher).
@@ -83,7 +82,6 @@ impl<DB: Database> SqlxBroker<DB> {
                 wake: Notify::new(),
                 wakes: std::sync::atomic::AtomicU64::new(0),
                 idle_claims: std::sync::atomic::AtomicUsize::new(0),
-                idle_started: Notify::new(),
                 clock: Mutex::new(Clock::system()),
                 listening: std::sync::atomic::AtomicBool::new(false),
                 url_for_messages,
@@ -120,8 +118,8 @@ impl<DB: Database> SqlxBroker<DB> {
 
     /// How often an idle worker looks for due rows when nothing woke it (default 200 ms).
     /// Postgres workers also wake on `NOTIFY`; SQLite workers on this broker's publishes at
-    /// once and on other connections' commits (other processes, other brokers) within a few
-    /// milliseconds (`PRAGMA data_version`, checked while a worker waits).
+    /// once and on other processes' (or other brokers') commits within a few milliseconds (a
+    /// watcher looks at the database files while a worker waits).
     pub fn poll_interval(mut self, poll: Duration) -> Self {
         self.poll = poll;
         self
@@ -193,12 +191,11 @@ impl<DB: Database> SqlxBroker<DB> {
     }
 
     /// Counts a claim as waiting for a wake-up until the guard is dropped (SQLite watches for
-    /// other connections' commits only while one waits).
+    /// other processes' commits only while one waits).
     pub(crate) fn idle_claim(&self) -> IdleClaim<'_> {
         self.shared
             .idle_claims
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        self.shared.idle_started.notify_waiters();
         IdleClaim(&self.shared.idle_claims)
     }
 

@@ -17,7 +17,8 @@
 //!   measured by the runtime (`Broker::server_time`).
 //! - `retry_after` hides a row until it is due; dead letters move to a group of the same table
 //!   (`emails.dead`) or, for a table without a group column, to a table with the same columns.
-//! - Postgres workers wake on `LISTEN/NOTIFY`; SQLite polls.
+//! - Postgres workers wake on `LISTEN/NOTIFY`; SQLite workers on their own process's publishes,
+//!   and within milliseconds on other processes' commits (a watcher of the database files).
 //! - Settlements are applied in batches: whatever settled while the previous batch ran (up to
 //!   256 rows, each still fenced on its lease) in one transaction: acknowledged rows in one
 //!   `DELETE`, retried ones in one `UPDATE`, dead letters one by one. A batch publish is

@@ -1,6 +1,6 @@
 //! What SQLite does its own way: opening the database file (WAL, `synchronous = NORMAL`),
 //! waking workers (no `NOTIFY`: this process's on publish, and on other connections' commits
-//! seen by a change watcher), and counting the rows a statement changed.
+//! seen by a watcher of the database files), and counting the rows a statement changed.
 
 use std::time::Duration;
 
@@ -167,83 +167,127 @@ impl Sealed for sqlx::Sqlite {
             .listening
             .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
-            let broker = broker.clone();
-            // Restarted after a panic; it returns when the pool closes.
-            tokio::spawn(stagedoor_jobs::supervise::restart_on_panic(
-                "sqlite change watcher",
-                move || watch(broker.clone(), pool.clone()),
-            ));
+            let files = database_files(&pool);
+            if !files.is_empty() {
+                let weak = std::sync::Arc::downgrade(&broker.shared);
+                let spawned = std::thread::Builder::new()
+                    .name("sqlite-change-watcher".to_owned())
+                    .spawn(move || watch(&weak, &files));
+                if let Err(e) = spawned {
+                    // Workers still find new rows at their poll.
+                    tracing::warn!(error = %e, "cannot start the SQLite change watcher: workers wake on other processes' jobs at their poll interval");
+                }
+            }
         }
         Ok(())
     }
 }
 
-/// How often a process with an idle worker asks SQLite whether another connection committed.
+/// How often a process with an idle worker looks whether the database files changed, while
+/// the database is busy: for [`BUSY_FOR`] after the last change or wake-up seen.
 pub(crate) const CHANGE_CHECK: Duration = Duration::from_millis(2);
 
-/// Wakes this process's idle workers when another connection (another process, another broker
-/// of this one, or this broker's own pool) commits to the database: `PRAGMA data_version`, on
-/// a connection of its own, changes exactly then. Checked every [`CHANGE_CHECK`], and only
-/// while a claim waits (a busy worker looks for rows anyway); a no-op statement (a claim that
-/// found nothing) commits nothing, so an idle process never wakes itself. This broker's own
-/// publishes wake its workers at once without it. Returns when `pool` closes.
-async fn watch(broker: SqlxBroker<sqlx::Sqlite>, pool: sqlx::SqlitePool) {
-    use sqlx::Connection as _;
-    let closed = pool.close_event();
-    tokio::pin!(closed);
-    let shared = &broker.shared;
-    let mut conn: Option<sqlx::SqliteConnection> = None;
-    let mut last: Option<i64> = None;
+/// How often it looks once the database has been quiet for [`BUSY_FOR`]: a job published after
+/// a long quiet waits about half of this more.
+pub(crate) const QUIET_CHECK: Duration = Duration::from_millis(10);
+
+/// How long after a change the checks stay at [`CHANGE_CHECK`].
+pub(crate) const BUSY_FOR: Duration = Duration::from_secs(1);
+
+/// How often the watcher looks whether a claim waits, while none does.
+const NOBODY_WAITS: Duration = Duration::from_millis(20);
+
+/// The files a commit to the pool's database writes: the database and its write-ahead log
+/// (WAL mode appends every commit to it). None for an in-memory database.
+fn database_files(pool: &sqlx::SqlitePool) -> Vec<std::path::PathBuf> {
+    let db = pool.connect_options().get_filename().to_path_buf();
+    let name = db.to_string_lossy();
+    if name.is_empty() || name.contains(":memory:") || !db.exists() {
+        return Vec::new();
+    }
+    let mut wal = db.clone().into_os_string();
+    wal.push("-wal");
+    vec![db, wal.into()]
+}
+
+/// What a commit changes of `files`: each one's size and modification time.
+fn signature(files: &[std::path::PathBuf]) -> Vec<Option<(u64, Option<std::time::SystemTime>)>> {
+    files
+        .iter()
+        .map(|f| {
+            std::fs::metadata(f)
+                .ok()
+                .map(|m| (m.len(), m.modified().ok()))
+        })
+        .collect()
+}
+
+/// Wakes this process's idle workers when another process (or another broker of this one)
+/// commits to the database: a commit writes the database's files (in WAL mode, appends to the
+/// `-wal` file), so their size or modification time changes. Looked at every [`CHANGE_CHECK`]
+/// while the database is busy, every [`QUIET_CHECK`] once it has been quiet, and only while a
+/// claim waits (a busy worker looks for rows anyway); a claim that found nothing writes
+/// nothing, so an idle process does not wake itself. Two commits within one tick of the file
+/// system's clock that leave the log's size unchanged (after a checkpoint restarted it) may
+/// look like one: the rows of the second are then found at the poll, as without the watcher.
+/// This broker's own publishes wake its workers at once without it.
+///
+/// A thread of its own, not a task: a few microseconds per look (a task's timer wake-ups cost
+/// ten times more on an idle runtime). Stops when the broker is dropped or its pool closed; a
+/// panic restarts it.
+fn watch(
+    shared: &std::sync::Weak<crate::broker::Shared<sqlx::Sqlite>>,
+    files: &[std::path::PathBuf],
+) {
     loop {
-        // Sleep while no claim waits.
-        loop {
-            let started = shared.idle_started.notified();
-            tokio::pin!(started);
-            started.as_mut().enable();
-            if shared.idle_claims.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-                break;
-            }
-            tokio::select! {
-                _ = started => {}
-                _ = &mut closed => return,
-            }
+        let run =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| watch_files(shared, files)));
+        if run.is_ok() {
+            return;
         }
-        let version = match conn.as_mut() {
-            Some(c) => sqlx::query_scalar::<_, i64>("PRAGMA data_version")
-                .fetch_one(&mut *c)
-                .await
-                .map_err(|e| e.to_string()),
-            None => match sqlx::SqliteConnection::connect_with(&pool.connect_options()).await {
-                Ok(c) => {
-                    conn = Some(c);
-                    continue;
-                }
-                Err(e) => Err(e.to_string()),
-            },
-        };
-        let pause = match version {
-            Ok(v) => {
-                // A first count (a new connection) wakes too: a commit may have come
-                // between a claim's look and it.
-                if last != Some(v) {
-                    broker.wake_all();
-                }
-                last = Some(v);
-                CHANGE_CHECK
+        tracing::error!("the SQLite change watcher panicked: starting it again");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn watch_files(
+    shared: &std::sync::Weak<crate::broker::Shared<sqlx::Sqlite>>,
+    files: &[std::path::PathBuf],
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut last = signature(files);
+    let mut busy = std::time::Instant::now();
+    let mut wakes = None;
+    loop {
+        let pause = {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            if shared.pool.get().is_none_or(sqlx::Pool::is_closed) {
+                return;
             }
-            Err(e) => {
-                // Workers still poll meanwhile; a new connection starts a new count.
-                tracing::debug!(error = %e, "sqlite change watcher: cannot read data_version; trying again");
-                if let Some(c) = conn.take() {
-                    let _ = c.close().await;
+            if shared.idle_claims.load(SeqCst) == 0 {
+                NOBODY_WAITS
+            } else {
+                let now = signature(files);
+                if now != last {
+                    shared.wakes.fetch_add(1, SeqCst);
+                    shared.wake.notify_waiters();
+                    busy = std::time::Instant::now();
+                    last = now;
                 }
-                last = None;
-                Duration::from_millis(100)
+                let woken = shared.wakes.load(SeqCst);
+                if wakes != Some(woken) {
+                    busy = std::time::Instant::now();
+                    wakes = Some(woken);
+                }
+                if busy.elapsed() < BUSY_FOR {
+                    CHANGE_CHECK
+                } else {
+                    QUIET_CHECK
+                }
             }
         };
-        tokio::select! {
-            _ = tokio::time::sleep(pause) => {}
-            _ = &mut closed => return,
-        }
+        std::thread::sleep(pause);
     }
 }
