@@ -14,7 +14,7 @@ use crate::dialect::{Dialect, acquire, db_err};
 use crate::receipt::IdValue;
 use crate::route::run_in;
 use crate::rows::Vals;
-use crate::sql::{FENCES, Statements};
+use crate::sql::{FENCES, Flavor, Statements};
 
 /// What a settlement does to its row.
 pub(crate) enum Op {
@@ -55,10 +55,11 @@ pub(crate) fn bucket(n: usize) -> usize {
 }
 
 /// Settles rows in batches: whatever queued while the previous batch ran goes in the next one,
-/// acknowledgements as one fenced delete, retries as one fenced update, dead letters one by
-/// one, all in one transaction (one commit for many jobs). Each row stays fenced on its lease
-/// and each reply tells about its own row; a row with two settlements queued (two deliveries
-/// of it, one of which lost its lease) has the second in the next batch.
+/// acknowledgements as one fenced delete, retries as one fenced update (on Postgres both in one
+/// statement), dead letters one by one, all in one transaction (one commit for many jobs).
+/// Each row stays fenced on its lease and each reply tells about its own row; a row with two
+/// settlements queued (two deliveries of it, one of which lost its lease) has the second in the
+/// next batch.
 ///
 /// A batch whose statement fails is applied again one settlement at a time, so that one that
 /// cannot succeed (a dead-letter table that is missing) fails alone; a connection error or a
@@ -142,9 +143,10 @@ async fn run_batch<DB: Dialect>(
         .filter(|&i| matches!(batch[i].op, Op::Retry { .. }))
         .collect();
     let deads = batch.len() - acks.len() - retries.len();
-    let statements = usize::from(!acks.is_empty()) + usize::from(!retries.is_empty()) + deads;
+    // Postgres settles acknowledgements and retries in one statement.
+    let both = !acks.is_empty() && !retries.is_empty() && DB::FLAVOR != Flavor::Postgres;
     let mut conn = acquire(pool).await.map_err(Failed::Before)?;
-    if statements <= 1 && deads == 0 {
+    if !both && deads == 0 {
         // One statement: its own transaction.
         return settle_in::<DB>(&mut conn, stmts, batch, &acks, &retries).await;
     }
@@ -167,42 +169,36 @@ async fn settle_in<DB: Dialect>(
 ) -> Result<Vec<bool>, Failed> {
     let before = |e: BrokerError| Failed::Before(e);
     let mut done = vec![false; batch.len()];
-    if !acks.is_empty() {
-        let n = bucket(acks.len());
-        let mut binds = Vec::with_capacity(n * (1 + FENCES));
-        for i in 0..n {
-            // Padding repeats the last row: a duplicate term deletes nothing more.
-            let r = &batch[acks[i.min(acks.len() - 1)]];
-            binds.push(r.id.value());
-            binds.extend(r.leases.iter().map(|l| Value::Time(Some(*l))));
-        }
-        let rows = DB::fetch(&mut *conn, stmts.delete_many(n), binds)
-            .await
-            .map_err(|e| before(db_err(e)))?;
-        mark::<DB>(&rows, batch, acks, &mut done);
-    }
-    if !retries.is_empty() {
-        let n = bucket(retries.len());
-        let (sql, has_due, has_error) = stmts.retry_many(n);
-        let mut binds = Vec::new();
-        for i in 0..n {
-            // Padding repeats the last row: the same values again change nothing more.
-            let r = &batch[retries[i.min(retries.len() - 1)]];
-            binds.push(r.id.value());
-            binds.extend(r.leases.iter().map(|l| Value::Time(Some(*l))));
-            if let Op::Retry { due, error } = &r.op {
-                if has_due {
-                    binds.push(Value::Time(*due));
-                }
-                if has_error {
-                    binds.push(Value::Text(Some(error.clone())));
-                }
-            }
-        }
+    if DB::FLAVOR == Flavor::Postgres && !acks.is_empty() && !retries.is_empty() {
+        // Both in one statement. The rows differ (one settlement per row in a batch), so the
+        // ids it returns tell both kinds apart.
+        let n = bucket(acks.len().max(retries.len()));
+        let (sql, has_due, has_error) = stmts.delete_and_retry_many(n);
+        let mut binds = ack_binds(batch, acks, n);
+        binds.extend(retry_binds(batch, retries, n, has_due, has_error));
         let rows = DB::fetch(&mut *conn, sql, binds)
             .await
             .map_err(|e| before(db_err(e)))?;
+        mark::<DB>(&rows, batch, acks, &mut done);
         mark::<DB>(&rows, batch, retries, &mut done);
+    } else {
+        if !acks.is_empty() {
+            let n = bucket(acks.len());
+            let binds = ack_binds(batch, acks, n);
+            let rows = DB::fetch(&mut *conn, stmts.delete_many(n), binds)
+                .await
+                .map_err(|e| before(db_err(e)))?;
+            mark::<DB>(&rows, batch, acks, &mut done);
+        }
+        if !retries.is_empty() {
+            let n = bucket(retries.len());
+            let (sql, has_due, has_error) = stmts.retry_many(n);
+            let binds = retry_binds(batch, retries, n, has_due, has_error);
+            let rows = DB::fetch(&mut *conn, sql, binds)
+                .await
+                .map_err(|e| before(db_err(e)))?;
+            mark::<DB>(&rows, batch, retries, &mut done);
+        }
     }
     for (i, r) in batch.iter().enumerate() {
         let Op::Dead { v, table } = &r.op else {
@@ -232,6 +228,44 @@ async fn settle_in<DB: Dialect>(
         done[i] = n == 1;
     }
     Ok(done)
+}
+
+/// The values of [`Statements::delete_many`] of `n` rows for the acknowledgements `acks`.
+fn ack_binds(batch: &[SettleReq], acks: &[usize], n: usize) -> Vec<Value> {
+    let mut binds = Vec::with_capacity(n * (1 + FENCES));
+    for i in 0..n {
+        // Padding repeats the last row: a duplicate term deletes nothing more.
+        let r = &batch[acks[i.min(acks.len() - 1)]];
+        binds.push(r.id.value());
+        binds.extend(r.leases.iter().map(|l| Value::Time(Some(*l))));
+    }
+    binds
+}
+
+/// The values of [`Statements::retry_many`] of `n` rows for the retries `retries`.
+fn retry_binds(
+    batch: &[SettleReq],
+    retries: &[usize],
+    n: usize,
+    has_due: bool,
+    has_error: bool,
+) -> Vec<Value> {
+    let mut binds = Vec::with_capacity(n * (3 + FENCES));
+    for i in 0..n {
+        // Padding repeats the last row: the same values again change nothing more.
+        let r = &batch[retries[i.min(retries.len() - 1)]];
+        binds.push(r.id.value());
+        binds.extend(r.leases.iter().map(|l| Value::Time(Some(*l))));
+        if let Op::Retry { due, error } = &r.op {
+            if has_due {
+                binds.push(Value::Time(*due));
+            }
+            if has_error {
+                binds.push(Value::Text(Some(error.clone())));
+            }
+        }
+    }
+    binds
 }
 
 /// Marks as done the requests `which` of `batch` whose row id a statement returned.

@@ -154,9 +154,25 @@ impl Statements {
             })
             .collect();
         format!(
-            "DELETE FROM {} WHERE {} RETURNING CAST({id} AS TEXT)",
+            "DELETE FROM {} WHERE {} RETURNING CAST({id} AS TEXT) AS settled_id",
             self.qualified,
             conds.join(" OR ")
+        )
+    }
+
+    /// Postgres: [`delete_many`](Self::delete_many) of `n` rows and
+    /// [`retry_many`](Self::retry_many) of `n` other rows in one statement (one round trip, one
+    /// commit): binds the delete's values, then the retry's; returns the id (as text) of every
+    /// row either settled, and the retry's two flags.
+    pub(crate) fn delete_and_retry_many(&self, n: usize) -> (String, bool, bool) {
+        let delete = self.delete_many(n);
+        let (retry, has_due, has_error) = self.retry_many_from(n, n * (1 + FENCES));
+        (
+            format!(
+                "WITH a AS ({delete}), r AS ({retry}) SELECT settled_id FROM a UNION ALL SELECT settled_id FROM r"
+            ),
+            has_due,
+            has_error,
         )
     }
 
@@ -167,11 +183,16 @@ impl Statements {
     /// when it has a `last_error` one (the two flags returned); returns the id (as text) of
     /// every row it released.
     pub(crate) fn retry_many(&self, n: usize) -> (String, bool, bool) {
+        self.retry_many_from(n, 0)
+    }
+
+    /// [`retry_many`](Self::retry_many) whose first parameter is number `skip + 1`.
+    fn retry_many_from(&self, n: usize, skip: usize) -> (String, bool, bool) {
         let (id, locked) = (&self.id_col, &self.locked_col);
         let due = self.table.retry_after.map(|c| q(c.name));
         let error = self.table.last_error.map(|c| q(c.name));
         let per = 1 + FENCES + usize::from(due.is_some()) + usize::from(error.is_some());
-        let ph = |i: usize, k: usize| format!("${}", per * i + 1 + k);
+        let ph = |i: usize, k: usize| format!("${}", skip + per * i + 1 + k);
         let mut conds = Vec::with_capacity(n);
         let mut dues = Vec::with_capacity(n);
         let mut errors = Vec::with_capacity(n);
@@ -203,7 +224,7 @@ impl Statements {
             sets.push(format!("{e} = CASE {} ELSE {e} END", errors.join(" ")));
         }
         let sql = format!(
-            "UPDATE {} SET {} WHERE {} RETURNING CAST({id} AS TEXT)",
+            "UPDATE {} SET {} WHERE {} RETURNING CAST({id} AS TEXT) AS settled_id",
             self.qualified,
             sets.join(", "),
             conds.join(" OR ")
