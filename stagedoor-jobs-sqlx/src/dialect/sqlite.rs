@@ -197,39 +197,65 @@ pub(crate) const BUSY_FOR: Duration = Duration::from_secs(1);
 /// How often the watcher looks whether a claim waits, while none does.
 const NOBODY_WAITS: Duration = Duration::from_millis(20);
 
-/// The files a commit to the pool's database writes: the database and its write-ahead log
-/// (WAL mode appends every commit to it). None for an in-memory database.
+/// The files a commit to the pool's database writes: the database, its write-ahead log and
+/// the log's shared index (WAL mode). None for an in-memory database.
 fn database_files(pool: &sqlx::SqlitePool) -> Vec<std::path::PathBuf> {
     let db = pool.connect_options().get_filename().to_path_buf();
     let name = db.to_string_lossy();
     if name.is_empty() || name.contains(":memory:") || !db.exists() {
         return Vec::new();
     }
-    let mut wal = db.clone().into_os_string();
-    wal.push("-wal");
-    vec![db, wal.into()]
+    let with = |suffix: &str| {
+        let mut f = db.clone().into_os_string();
+        f.push(suffix);
+        std::path::PathBuf::from(f)
+    };
+    vec![db.clone(), with("-wal"), with("-shm")]
 }
 
-/// What a commit changes of `files`: each one's size and modification time.
-fn signature(files: &[std::path::PathBuf]) -> Vec<Option<(u64, Option<std::time::SystemTime>)>> {
+/// What [`signature`] reads of one file: its size and modification time, and the bytes of its
+/// header a commit moves.
+type FileState = (Option<(u64, Option<std::time::SystemTime>)>, Vec<u8>);
+
+/// The first `n` bytes of `file` (fewer if it is shorter; none if it cannot be read).
+fn head(file: &std::path::Path, n: u64) -> Vec<u8> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    if let Ok(f) = std::fs::File::open(file) {
+        let _ = f.take(n).read_to_end(&mut out);
+    }
+    out
+}
+
+/// What a commit changes of `files` (see [`database_files`]): each one's size and modification
+/// time, the database header (its change counter, which a commit in rollback-journal mode
+/// moves) and the header of the log's shared index (which a commit in WAL mode moves: its
+/// change counter and last frame; SQLite's file format, read as a file, never mapped).
+fn signature(files: &[std::path::PathBuf]) -> Vec<FileState> {
     files
         .iter()
-        .map(|f| {
-            std::fs::metadata(f)
+        .enumerate()
+        .map(|(i, f)| {
+            let meta = std::fs::metadata(f)
                 .ok()
-                .map(|m| (m.len(), m.modified().ok()))
+                .map(|m| (m.len(), m.modified().ok()));
+            let bytes = match i {
+                0 => head(f, 28),
+                2 => head(f, 48),
+                _ => Vec::new(),
+            };
+            (meta, bytes)
         })
         .collect()
 }
 
 /// Wakes this process's idle workers when another process (or another broker of this one)
-/// commits to the database: a commit writes the database's files (in WAL mode, appends to the
-/// `-wal` file), so their size or modification time changes. Looked at every [`CHANGE_CHECK`]
+/// commits to the database: a commit changes the database's files (in WAL mode, the header of
+/// the log's shared index counts commits), as [`signature`] reads them. Looked at every [`CHANGE_CHECK`]
 /// while the database is busy, every [`QUIET_CHECK`] once it has been quiet, and only while a
 /// claim waits (a busy worker looks for rows anyway); a claim that found nothing writes
-/// nothing, so an idle process does not wake itself. Two commits within one tick of the file
-/// system's clock that leave the log's size unchanged (after a checkpoint restarted it) may
-/// look like one: the rows of the second are then found at the poll, as without the watcher.
+/// nothing, so an idle process does not wake itself. Should a change go unseen, its rows are
+/// found at the poll, as without the watcher.
 /// This broker's own publishes wake its workers at once without it.
 ///
 /// A thread of its own, not a task: a few microseconds per look (a task's timer wake-ups cost
