@@ -21,13 +21,27 @@ pub(crate) struct Shared<DB: Database> {
     pub(crate) wake: Notify,
     /// Counts wake-ups, so an idle claim knows whether anything happened since it last looked.
     pub(crate) wakes: std::sync::atomic::AtomicU64,
+    /// How many claims wait for a wake-up now (see [`SqlxBroker::idle_claim`]): SQLite's
+    /// watcher of the database files looks only meanwhile.
+    pub(crate) idle_claims: std::sync::atomic::AtomicUsize,
     pub(crate) clock: Mutex<Clock>,
+    /// The task that wakes idle claims on other connections' changes runs (Postgres `LISTEN`,
+    /// SQLite's change watcher).
     pub(crate) listening: std::sync::atomic::AtomicBool,
     pub(crate) url_for_messages: String,
     /// The bookkeeping tables exist (created on first use).
     pub(crate) bookkeeping: OnceCell<()>,
     /// When a statement last failed on the connection (see [`SqlxBroker::cautious`]).
     pub(crate) last_connection_error: Mutex<Option<std::time::Instant>>,
+}
+
+/// A claim waiting for a wake-up (see [`SqlxBroker::idle_claim`]).
+pub(crate) struct IdleClaim<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for IdleClaim<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// A job database: SQLite (embedded) or Postgres. Cheap to clone. Make a route per job table
@@ -67,6 +81,7 @@ impl<DB: Database> SqlxBroker<DB> {
                 pool: OnceCell::new(),
                 wake: Notify::new(),
                 wakes: std::sync::atomic::AtomicU64::new(0),
+                idle_claims: std::sync::atomic::AtomicUsize::new(0),
                 clock: Mutex::new(Clock::system()),
                 listening: std::sync::atomic::AtomicBool::new(false),
                 url_for_messages,
@@ -102,7 +117,9 @@ impl<DB: Database> SqlxBroker<DB> {
     }
 
     /// How often an idle worker looks for due rows when nothing woke it (default 200 ms).
-    /// Postgres workers also wake on `NOTIFY`, SQLite workers of the same process on publish.
+    /// Postgres workers also wake on `NOTIFY`; SQLite workers on this broker's publishes at
+    /// once and on other processes' (or other brokers') commits within a few milliseconds (a
+    /// watcher looks at the database files while a worker waits).
     pub fn poll_interval(mut self, poll: Duration) -> Self {
         self.poll = poll;
         self
@@ -171,6 +188,15 @@ impl<DB: Database> SqlxBroker<DB> {
             .wakes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.shared.wake.notify_waiters();
+    }
+
+    /// Counts a claim as waiting for a wake-up until the guard is dropped (SQLite watches for
+    /// other processes' commits only while one waits).
+    pub(crate) fn idle_claim(&self) -> IdleClaim<'_> {
+        self.shared
+            .idle_claims
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        IdleClaim(&self.shared.idle_claims)
     }
 
     pub(crate) fn connected_pool(&self) -> Result<&Pool<DB>, BrokerError> {

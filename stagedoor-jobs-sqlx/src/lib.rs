@@ -17,10 +17,12 @@
 //!   measured by the runtime (`Broker::server_time`).
 //! - `retry_after` hides a row until it is due; dead letters move to a group of the same table
 //!   (`emails.dead`) or, for a table without a group column, to a table with the same columns.
-//! - Postgres workers wake on `LISTEN/NOTIFY`; SQLite polls.
-//! - Acknowledged rows are deleted in batches (whatever settled while the previous delete ran,
-//!   up to 256 rows, each still fenced on its lease); a batch publish is multi-row `INSERT`s in
-//!   one transaction.
+//! - Postgres workers wake on `LISTEN/NOTIFY`; SQLite workers on their own process's publishes,
+//!   and within milliseconds on other processes' commits (a watcher of the database files).
+//! - Settlements are applied in batches: whatever settled while the previous batch ran (up to
+//!   256 rows, each still fenced on its lease) in one transaction: acknowledged rows in one
+//!   `DELETE`, retried ones in one `UPDATE`, dead letters one by one. A batch publish is
+//!   multi-row `INSERT`s in one transaction.
 //! - SQLite runs in WAL mode with `synchronous = NORMAL` (a commit survives the process
 //!   crashing; a power loss may roll back the last commits, never corrupts). For `FULL`, pass
 //!   your own pool ([`SqlxBroker::new`]).
@@ -40,7 +42,7 @@
 //! let broker = SqlxBroker::from_url("sqlite://mail.db?mode=rwc", SqlitePoolOptions::new());
 //! ```
 
-mod acks;
+mod batch;
 mod broker;
 mod catalog;
 mod columns;

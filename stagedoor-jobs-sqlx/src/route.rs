@@ -6,7 +6,7 @@
 //! dead letter) and the [`Broker`] impl, whose work is in files along the job's path:
 //!
 //! - `route/claim.rs`: claiming rows (and waiting when there are none), renewing leases;
-//! - `route/settle.rs`: acknowledgements (batched), retries and dead-lettering;
+//! - `route/settle.rs`: acknowledgements, retries and dead-lettering (batched, see `batch.rs`);
 //! - `route/publish.rs`: publishing, in a batch, in the caller's transaction, once per guard;
 //! - `route/check.rs`: the startup check of the table against the mounts;
 //! - `route/dead.rs`: [`DeadLetters`]: listing, replaying and purging dead letters;
@@ -30,7 +30,7 @@ use stagedoor_jobs::broker::{
 use stagedoor_jobs::inbox::{Table, is_plain_identifier};
 use stagedoor_jobs::{Clock, Envelope, Inbox, JobId};
 
-use crate::acks::AckReq;
+use crate::batch::SettleReq;
 use crate::broker::SqlxBroker;
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::floor::Floors;
@@ -57,9 +57,9 @@ struct Idle {
 }
 
 struct RouteInner {
-    /// The batched deletes of acknowledged rows: the channel to their task, started at the
-    /// first acknowledgement and again whenever it is found stopped (see `ack_sender`).
-    acks: Mutex<Option<tokio::sync::mpsc::UnboundedSender<AckReq>>>,
+    /// The batched settlements: the channel to their task, started at the first settlement
+    /// and again whenever it is found stopped (see `settle_sender`).
+    settles: Mutex<Option<tokio::sync::mpsc::UnboundedSender<SettleReq>>>,
     table: Table,
     idle: Mutex<HashMap<String, Idle>>,
     stmts: Result<Arc<Statements>, Vec<String>>,
@@ -134,7 +134,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             broker,
             default_group: Arc::from(group),
             inner: Arc::new(RouteInner {
-                acks: Mutex::new(None),
+                settles: Mutex::new(None),
                 table,
                 idle: Mutex::new(HashMap::new()),
                 stmts,

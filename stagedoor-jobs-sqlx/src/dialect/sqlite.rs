@@ -1,6 +1,6 @@
 //! What SQLite does its own way: opening the database file (WAL, `synchronous = NORMAL`),
-//! waking only this process's workers on publish (no `NOTIFY`), and counting the rows a
-//! statement changed.
+//! waking workers (no `NOTIFY`: this process's on publish, and on other connections' commits
+//! seen by a watcher of the database files), and counting the rows a statement changed.
 
 use std::time::Duration;
 
@@ -138,7 +138,7 @@ impl Sealed for sqlx::Sqlite {
     async fn open(broker: &SqlxBroker<Self>) -> Result<(), BrokerError> {
         use std::str::FromStr;
         let shared = &broker.shared;
-        shared
+        let pool = shared
             .pool
             .get_or_try_init(|| async {
                 match broker.take_source() {
@@ -161,7 +161,159 @@ impl Sealed for sqlx::Sqlite {
                     None => Err(BrokerError::Connection("the broker's connection failed earlier; restart the service".to_owned())),
                 }
             })
-            .await?;
+            .await?
+            .clone();
+        if !shared
+            .listening
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let files = database_files(&pool);
+            if !files.is_empty() {
+                let weak = std::sync::Arc::downgrade(&broker.shared);
+                let spawned = std::thread::Builder::new()
+                    .name("sqlite-change-watcher".to_owned())
+                    .spawn(move || watch(&weak, &files));
+                if let Err(e) = spawned {
+                    // Workers still find new rows at their poll.
+                    tracing::warn!(error = %e, "cannot start the SQLite change watcher: workers wake on other processes' jobs at their poll interval");
+                }
+            }
+        }
         Ok(())
+    }
+}
+
+/// How often a process with an idle worker looks whether the database files changed, while
+/// the database is busy: for [`BUSY_FOR`] after the last change or wake-up seen.
+pub(crate) const CHANGE_CHECK: Duration = Duration::from_millis(2);
+
+/// How often it looks once the database has been quiet for [`BUSY_FOR`]: a job published after
+/// a long quiet waits about half of this more.
+pub(crate) const QUIET_CHECK: Duration = Duration::from_millis(10);
+
+/// How long after a change the checks stay at [`CHANGE_CHECK`].
+pub(crate) const BUSY_FOR: Duration = Duration::from_secs(1);
+
+/// How often the watcher looks whether a claim waits, while none does.
+const NOBODY_WAITS: Duration = Duration::from_millis(20);
+
+/// The files a commit to the pool's database writes: the database, its write-ahead log and
+/// the log's shared index (WAL mode). None for an in-memory database.
+fn database_files(pool: &sqlx::SqlitePool) -> Vec<std::path::PathBuf> {
+    let db = pool.connect_options().get_filename().to_path_buf();
+    let name = db.to_string_lossy();
+    if name.is_empty() || name.contains(":memory:") || !db.exists() {
+        return Vec::new();
+    }
+    let with = |suffix: &str| {
+        let mut f = db.clone().into_os_string();
+        f.push(suffix);
+        std::path::PathBuf::from(f)
+    };
+    vec![db.clone(), with("-wal"), with("-shm")]
+}
+
+/// What [`signature`] reads of one file: its size and modification time, and the bytes of its
+/// header a commit moves.
+type FileState = (Option<(u64, Option<std::time::SystemTime>)>, Vec<u8>);
+
+/// The first `n` bytes of `file` (fewer if it is shorter; none if it cannot be read).
+fn head(file: &std::path::Path, n: u64) -> Vec<u8> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    if let Ok(f) = std::fs::File::open(file) {
+        let _ = f.take(n).read_to_end(&mut out);
+    }
+    out
+}
+
+/// What a commit changes of `files` (see [`database_files`]): each one's size and modification
+/// time, the database header (its change counter, which a commit in rollback-journal mode
+/// moves) and the header of the log's shared index (which a commit in WAL mode moves: its
+/// change counter and last frame; SQLite's file format, read as a file, never mapped).
+fn signature(files: &[std::path::PathBuf]) -> Vec<FileState> {
+    files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let meta = std::fs::metadata(f)
+                .ok()
+                .map(|m| (m.len(), m.modified().ok()));
+            let bytes = match i {
+                0 => head(f, 28),
+                2 => head(f, 48),
+                _ => Vec::new(),
+            };
+            (meta, bytes)
+        })
+        .collect()
+}
+
+/// Wakes this process's idle workers when another process (or another broker of this one)
+/// commits to the database: a commit changes the database's files (in WAL mode, the header of
+/// the log's shared index counts commits), as [`signature`] reads them. Looked at every [`CHANGE_CHECK`]
+/// while the database is busy, every [`QUIET_CHECK`] once it has been quiet, and only while a
+/// claim waits (a busy worker looks for rows anyway); a claim that found nothing writes
+/// nothing, so an idle process does not wake itself. Should a change go unseen, its rows are
+/// found at the poll, as without the watcher.
+/// This broker's own publishes wake its workers at once without it.
+///
+/// A thread of its own, not a task: a few microseconds per look (a task's timer wake-ups cost
+/// ten times more on an idle runtime). Stops when the broker is dropped or its pool closed; a
+/// panic restarts it.
+fn watch(
+    shared: &std::sync::Weak<crate::broker::Shared<sqlx::Sqlite>>,
+    files: &[std::path::PathBuf],
+) {
+    loop {
+        let run =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| watch_files(shared, files)));
+        if run.is_ok() {
+            return;
+        }
+        tracing::error!("the SQLite change watcher panicked: starting it again");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn watch_files(
+    shared: &std::sync::Weak<crate::broker::Shared<sqlx::Sqlite>>,
+    files: &[std::path::PathBuf],
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut last = signature(files);
+    let mut busy = std::time::Instant::now();
+    let mut wakes = None;
+    loop {
+        let pause = {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            if shared.pool.get().is_none_or(sqlx::Pool::is_closed) {
+                return;
+            }
+            if shared.idle_claims.load(SeqCst) == 0 {
+                NOBODY_WAITS
+            } else {
+                let now = signature(files);
+                if now != last {
+                    shared.wakes.fetch_add(1, SeqCst);
+                    shared.wake.notify_waiters();
+                    busy = std::time::Instant::now();
+                    last = now;
+                }
+                let woken = shared.wakes.load(SeqCst);
+                if wakes != Some(woken) {
+                    busy = std::time::Instant::now();
+                    wakes = Some(woken);
+                }
+                if busy.elapsed() < BUSY_FOR {
+                    CHANGE_CHECK
+                } else {
+                    QUIET_CHECK
+                }
+            }
+        };
+        std::thread::sleep(pause);
     }
 }

@@ -190,6 +190,8 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             let nap = until.map_or(left, |u| {
                 left.min(u.saturating_duration_since(tokio::time::Instant::now()))
             });
+            // Counted while it waits: SQLite then watches for other processes' commits.
+            let _idle = self.broker.idle_claim();
             tokio::select! {
                 _ = notified => {}
                 _ = clock_changed => {

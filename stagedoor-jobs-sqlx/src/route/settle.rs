@@ -1,6 +1,8 @@
-//! Settling a delivery: acknowledgements (batched deletes, fenced on the lease), retries
-//! (due again after the delay, keeping a FIFO row's place when at once) and dead-lettering (to a
-//! group of the same table, or copied into a dead-letter table in one transaction).
+//! Settling a delivery: acknowledgements (deletes, fenced on the lease), retries (due again
+//! after the delay, keeping a FIFO row's place when at once) and dead-lettering (to a group of
+//! the same table, or copied into a dead-letter table in one transaction). Rows of the route's
+//! table are settled by its settlement task, in batches (`batch.rs`); rows of a dead-letter
+//! table one at a time.
 
 use std::sync::Arc;
 
@@ -9,11 +11,12 @@ use stagedoor_jobs::Inbox;
 use stagedoor_jobs::broker::{BrokerError, Delivery, Settled, Settlement};
 
 use super::{BACKDATE, SqlxRoute, run_in};
-use crate::acks::{AckReq, ack_loop};
+use crate::batch::{Op, SettleReq, settle_loop};
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::headers::HeaderDoc;
 use crate::receipt::{IdValue, SqlReceipt};
 use crate::rows::Vals;
+use crate::sql::Statements;
 
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     pub(super) async fn settle_row(
@@ -32,22 +35,16 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             now: Some(now),
             ..Vals::default()
         };
-        if matches!(settlement, Settlement::Ack | Settlement::Drop)
-            && Arc::ptr_eq(&stmts, self.stmts()?)
-        {
-            let n = u64::from(self.ack_batched(receipt.id.clone(), leases).await?);
-            self.broker.wake_all();
-            return Ok(if n == 1 {
-                Settled::Done
-            } else {
-                Settled::LeaseLost
-            });
-        }
-        let mut conn = acquire(self.pool()?).await?;
-        let pool = &mut *conn;
-        let n = match settlement {
+        // The route's own table: settled in the route's next batch (see `settle_loop`).
+        let batched = Arc::ptr_eq(&stmts, self.stmts()?);
+        let op = match settlement {
             Settlement::Ack | Settlement::Drop => {
-                run_in::<DB>(&mut *pool, &stmts.delete_fenced, &base(), &stmts.table).await?
+                if batched {
+                    Op::Ack
+                } else {
+                    let n = self.exec(&stmts.delete_fenced, &base()).await?;
+                    return Ok(self.settled(n == 1));
+                }
             }
             Settlement::Retry { delay, failure } => {
                 if stmts.table.retry_after.is_none() && !delay.is_zero() {
@@ -57,21 +54,30 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                     );
                 }
                 let keep_place = stmts.table.fifo && delay.is_zero();
-                let stmt = if keep_place {
-                    &stmts.retry_keep_place
+                let due = if delay.is_zero() {
+                    now - BACKDATE
                 } else {
-                    &stmts.retry
+                    now + stagedoor_jobs::broker::chrono_duration(delay)
                 };
-                let v = Vals {
-                    due: Some(if delay.is_zero() {
-                        now - BACKDATE
+                if batched {
+                    Op::Retry {
+                        due: (!keep_place).then_some(due),
+                        error: failure.error,
+                    }
+                } else {
+                    let stmt = if keep_place {
+                        &stmts.retry_keep_place
                     } else {
-                        now + stagedoor_jobs::broker::chrono_duration(delay)
-                    }),
-                    error: Some(failure.error.clone()),
-                    ..base()
-                };
-                run_in::<DB>(&mut *pool, stmt, &v, &stmts.table).await?
+                        &stmts.retry
+                    };
+                    let v = Vals {
+                        due: Some(due),
+                        error: Some(failure.error),
+                        ..base()
+                    };
+                    let n = self.exec(stmt, &v).await?;
+                    return Ok(self.settled(n == 1));
+                }
             }
             Settlement::DeadLetter { target, failure } => {
                 let env = &delivery.envelope;
@@ -95,46 +101,81 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                     attempt: i64::from(env.attempt()),
                     ..base()
                 };
-                if self.grouped() {
-                    run_in::<DB>(&mut *pool, &stmts.dead_group, &v, &stmts.table).await?
+                let table = if self.grouped() {
+                    None
                 } else {
-                    // The table form: copy into the dead table and delete, in one transaction.
-                    let dead = self.dead_table(&target)?;
-                    let mut tx = sqlx::Connection::begin(&mut *pool).await.map_err(db_err)?;
-                    let copy = stmts.copy_into(&target, true);
-                    let n = run_in::<DB>(&mut *tx, &copy, &v, &stmts.table).await?;
-                    if n == 1 {
-                        run_in::<DB>(&mut *tx, &dead.mark_dead, &v, &dead.table).await?;
-                        run_in::<DB>(&mut *tx, &stmts.delete_by_id, &v, &stmts.table).await?;
-                        tx.commit().await.map_err(db_err)?;
+                    Some((target.clone(), self.dead_table(&target)?))
+                };
+                if batched {
+                    Op::Dead {
+                        v: Box::new(v),
+                        table,
                     }
-                    n
+                } else {
+                    let n = self.dead_letter_alone(&stmts, &v, table).await?;
+                    return Ok(self.settled(n == 1));
                 }
             }
         };
+        let done = self.settle_batched(receipt.id.clone(), leases, op).await?;
+        Ok(self.settled(done))
+    }
+
+    /// The answer of a settlement that took effect (`done`) or found its lease lost; wakes
+    /// this process's idle claims (a retried row is due, a slot is free).
+    fn settled(&self, done: bool) -> Settled {
         self.broker.wake_all();
-        Ok(if n == 1 {
+        if done {
             Settled::Done
         } else {
             Settled::LeaseLost
-        })
+        }
     }
 
-    /// Deletes an acknowledged row in the route's next batched delete; `true` when
-    /// the row was still leased to this delivery.
-    async fn ack_batched(
+    /// A dead letter of a row of another table than the route's (a dead-letter table's
+    /// queue): moved by itself, to a group or (the table form) copied into the dead table and
+    /// deleted, in one transaction.
+    async fn dead_letter_alone(
+        &self,
+        stmts: &Statements,
+        v: &Vals,
+        table: Option<(String, Arc<Statements>)>,
+    ) -> Result<u64, BrokerError> {
+        let mut conn = acquire(self.pool()?).await?;
+        let Some((target, dead)) = table else {
+            return run_in::<DB>(&mut conn, &stmts.dead_group, v, &stmts.table).await;
+        };
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
+        let copy = stmts.copy_into(&target, true);
+        let n = run_in::<DB>(&mut *tx, &copy, v, &stmts.table).await?;
+        if n == 1 {
+            run_in::<DB>(&mut *tx, &dead.mark_dead, v, &dead.table).await?;
+            run_in::<DB>(&mut *tx, &stmts.delete_by_id, v, &stmts.table).await?;
+            tx.commit().await.map_err(db_err)?;
+        }
+        Ok(n)
+    }
+
+    /// Settles a row in the route's next batch; `true` when the row was still leased to this
+    /// delivery.
+    async fn settle_batched(
         &self,
         id: IdValue,
         leases: [DateTime<Utc>; crate::sql::FENCES],
+        op: Op,
     ) -> Result<bool, BrokerError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let stopped =
-            || BrokerError::Connection("the route's acknowledgement task stopped".to_owned());
-        let mut req = AckReq { id, leases, reply };
-        // A send fails only if the task stopped since `ack_sender` looked: the
+        let stopped = || BrokerError::Connection("the route's settlement task stopped".to_owned());
+        let mut req = SettleReq {
+            id,
+            leases,
+            op,
+            reply,
+        };
+        // A send fails only if the task stopped since `settle_sender` looked: the
         // second look starts it again.
         for _ in 0..2 {
-            match self.ack_sender()?.send(req) {
+            match self.settle_sender()?.send(req) {
                 Ok(()) => return answer.await.map_err(|_| stopped())?,
                 Err(e) => req = e.0,
             }
@@ -142,14 +183,14 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         Err(stopped())
     }
 
-    /// The channel to the acknowledgement task, which is started at the first
-    /// acknowledgement and again whenever it is found stopped (it ran on a tokio
-    /// runtime that has shut down, say): one dead task never makes every later
-    /// acknowledgement fail. A panic inside it restarts it in place.
-    fn ack_sender(&self) -> Result<tokio::sync::mpsc::UnboundedSender<AckReq>, BrokerError> {
+    /// The channel to the settlement task, which is started at the first settlement and
+    /// again whenever it is found stopped (it ran on a tokio runtime that has shut down,
+    /// say): one dead task never makes every later settlement fail. A panic inside it
+    /// restarts it in place.
+    fn settle_sender(&self) -> Result<tokio::sync::mpsc::UnboundedSender<SettleReq>, BrokerError> {
         let mut slot = self
             .inner
-            .acks
+            .settles
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(tx) = slot.as_ref().filter(|tx| !tx.is_closed()) {
@@ -157,12 +198,12 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         }
         let pool = self.pool()?.clone();
         let stmts = Arc::clone(self.stmts()?);
-        let task = format!("sqlx acknowledgements of `{}`", self.table().name);
+        let task = format!("sqlx settlements of `{}`", self.table().name);
         if slot.is_some() {
-            tracing::error!(task = %task, "the acknowledgement task had stopped: starting it again");
+            tracing::error!(task = %task, "the settlement task had stopped: starting it again");
         }
         let tx = stagedoor_jobs::supervise::spawn_consumer(task, move |rx| {
-            ack_loop::<DB>(pool.clone(), Arc::clone(&stmts), rx)
+            settle_loop::<DB>(pool.clone(), Arc::clone(&stmts), rx)
         });
         *slot = Some(tx.clone());
         Ok(tx)

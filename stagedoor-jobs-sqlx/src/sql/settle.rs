@@ -154,10 +154,82 @@ impl Statements {
             })
             .collect();
         format!(
-            "DELETE FROM {} WHERE {} RETURNING CAST({id} AS TEXT)",
+            "DELETE FROM {} WHERE {} RETURNING CAST({id} AS TEXT) AS settled_id",
             self.qualified,
             conds.join(" OR ")
         )
+    }
+
+    /// Postgres: [`delete_many`](Self::delete_many) of `n` rows and
+    /// [`retry_many`](Self::retry_many) of `n` other rows in one statement (one round trip, one
+    /// commit): binds the delete's values, then the retry's; returns the id (as text) of every
+    /// row either settled, and the retry's two flags.
+    pub(crate) fn delete_and_retry_many(&self, n: usize) -> (String, bool, bool) {
+        let delete = self.delete_many(n);
+        let (retry, has_due, has_error) = self.retry_many_from(n, n * (1 + FENCES));
+        (
+            format!(
+                "WITH a AS ({delete}), r AS ({retry}) SELECT settled_id FROM a UNION ALL SELECT settled_id FROM r"
+            ),
+            has_due,
+            has_error,
+        )
+    }
+
+    /// A fenced retry of `n` rows (at most [`MAX_ROWS`](super::MAX_ROWS)): releases each, due
+    /// at its own time (a NULL due keeps the row's: a FIFO row retried at once keeps its
+    /// place), with its own last error. Binds, for each row in order, the id, the [`FENCES`]
+    /// lease values, then the due time when the table has a `retry_after` column and the error
+    /// when it has a `last_error` one (the two flags returned); returns the id (as text) of
+    /// every row it released.
+    pub(crate) fn retry_many(&self, n: usize) -> (String, bool, bool) {
+        self.retry_many_from(n, 0)
+    }
+
+    /// [`retry_many`](Self::retry_many) whose first parameter is number `skip + 1`.
+    fn retry_many_from(&self, n: usize, skip: usize) -> (String, bool, bool) {
+        let (id, locked) = (&self.id_col, &self.locked_col);
+        let due = self.table.retry_after.map(|c| q(c.name));
+        let error = self.table.last_error.map(|c| q(c.name));
+        let per = 1 + FENCES + usize::from(due.is_some()) + usize::from(error.is_some());
+        let ph = |i: usize, k: usize| format!("${}", skip + per * i + 1 + k);
+        let mut conds = Vec::with_capacity(n);
+        let mut dues = Vec::with_capacity(n);
+        let mut errors = Vec::with_capacity(n);
+        for i in 0..n {
+            let leases: Vec<String> = (0..FENCES).map(|k| ph(i, 1 + k)).collect();
+            conds.push(format!(
+                "({id} = {} AND {locked} IN ({}))",
+                ph(i, 0),
+                leases.join(", ")
+            ));
+            let mut k = 1 + FENCES;
+            if let Some(d) = &due {
+                dues.push(format!(
+                    "WHEN {id} = {} THEN COALESCE({}, {d})",
+                    ph(i, 0),
+                    ph(i, k)
+                ));
+                k += 1;
+            }
+            if error.is_some() {
+                errors.push(format!("WHEN {id} = {} THEN {}", ph(i, 0), ph(i, k)));
+            }
+        }
+        let mut sets = vec![format!("{locked} = NULL")];
+        if let Some(d) = &due {
+            sets.push(format!("{d} = CASE {} ELSE {d} END", dues.join(" ")));
+        }
+        if let Some(e) = &error {
+            sets.push(format!("{e} = CASE {} ELSE {e} END", errors.join(" ")));
+        }
+        let sql = format!(
+            "UPDATE {} SET {} WHERE {} RETURNING CAST({id} AS TEXT) AS settled_id",
+            self.qualified,
+            sets.join(", "),
+            conds.join(" OR ")
+        );
+        (sql, due.is_some(), error.is_some())
     }
 
     /// Copies a row into table `target` (same columns): binds Id, and Lease when `fenced`.
