@@ -56,9 +56,9 @@ impl Sizes {
             failure: 5_000,
             latency_rate: 100,
             latency_jobs: 150,
-            steady_step: Duration::from_millis(700),
-            steady_steps: 6,
-            memory: 50_000,
+            steady_step: Duration::from_millis(500),
+            steady_steps: 5,
+            memory: 40_000,
             xmin_rate: 800,
             xmin_hold: Duration::from_secs(60),
             xmin_handlers: 32,
@@ -316,7 +316,7 @@ impl Env {
     pub fn pg_db_url(&self, system: System) -> String {
         let base = self.pg_url.split('?').next().unwrap_or(&self.pg_url);
         let cut = base.rfind('/').map_or(base.len(), |i| i);
-        format!("{}/bench_{}", &base[..cut], system.flag())
+        format!("{}/bench_{}", &base[..cut], system.flag().replace('-', "_"))
     }
 
     /// Creates each system's Postgres database if missing.
@@ -324,7 +324,7 @@ impl Env {
         use sqlx::Connection;
         let mut c = sqlx::PgConnection::connect(&self.pg_url).await?;
         for s in systems {
-            let name = format!("bench_{}", s.flag());
+            let name = format!("bench_{}", s.flag().replace('-', "_"));
             let exists: Option<i32> =
                 sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
                     .bind(&name)
@@ -721,7 +721,8 @@ const PRODUCERS: usize = 8;
 /// publishing one job per call at once); a step is flat when, 300 ms after it, less than a
 /// quarter second of work is left. Starts at 0.6 of the system's drain rate, grows by half
 /// until a step is not flat, then bisects between the best flat rate and the lowest one that
-/// was not. Reports the highest flat rate the producers achieved.
+/// was not; after a step that is not flat the backlog gets four steps' time to drain (else the
+/// search ends there). Reports the highest flat rate the producers achieved.
 async fn steady(
     env: &Env,
     system: System,
@@ -795,8 +796,9 @@ async fn steady(
         } else {
             hi = Some(rate);
             rate = (best.unwrap_or(rate / 3.0) + rate) / 2.0;
-            // Let the backlog drain before the next step.
-            let r = wait_done(&w, published, Instant::now() + s.cap).await;
+            // Let the backlog drain before the next step (ends the search when it does not
+            // within four steps' time).
+            let r = wait_done(&w, published, Instant::now() + s.steady_step * 4).await;
             if r.done < published {
                 break;
             }
