@@ -48,6 +48,9 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// The most connections a worker's Postgres pool opens.
 const PG_POOL: u32 = 16;
 
+/// The most connections a producer's Postgres pool opens.
+const PRODUCER_POOL: u32 = 2;
+
 /// Whether the Postgres brokers wake their subscriptions with `LISTEN` / `NOTIFY`
 /// (`SqlxBroker::listen_notify`: each publish also sends `pg_notify`): on, as the crate's guide
 /// recommends for a worker that should not wait out its poll interval.
@@ -453,7 +456,8 @@ mod postgres {
 
     use super::inbox::Job;
     use super::{
-        BATCH_SIZE, LISTEN_NOTIFY, PG_POOL, POLL_INTERVAL, RunBatch, RunJob, dead_letter, workers,
+        BATCH_SIZE, LISTEN_NOTIFY, PG_POOL, POLL_INTERVAL, PRODUCER_POOL, RunBatch, RunJob,
+        dead_letter, workers,
     };
     use crate::common::{Hook, Target};
 
@@ -499,7 +503,10 @@ mod postgres {
 
     /// Starts an app with no subscriptions and pairs a `Repository` publisher from it.
     pub(super) async fn publisher(t: &Target) -> anyhow::Result<(Publisher, RunningApp)> {
-        let broker = broker(t, PgPoolOptions::new())?.bindable();
+        // Two connections: a producer publishes one job at a time, and 8 producers at sqlx's
+        // default of 10 each (with their LISTEN connections, and 4 worker processes' pools)
+        // ran Postgres out of connections.
+        let broker = broker(t, PgPoolOptions::new().max_connections(PRODUCER_POOL))?.bindable();
         let jobs = broker.bind(Repository::<Job>::default());
         let app = RustStream::new(AppInfo::new("bench-producer", "0.1.0"))
             .with_broker(broker, |_b| {})
