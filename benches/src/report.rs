@@ -29,6 +29,8 @@ pub struct Measurement {
 pub struct Run {
     /// When it started (RFC 3339).
     pub started: String,
+    /// The load average (1, 5, 15 minutes) at the start and at the end.
+    pub load: String,
     /// The machine (`uname`, cores, memory).
     pub machine: String,
     /// `quick` or `full`.
@@ -186,6 +188,104 @@ pub fn tables(run: &Run) -> String {
         }
         out.push_str(&t.to_string());
         out.push('\n');
+        out.push_str(&profiles(run, sc));
+    }
+    out
+}
+
+/// Commands shown per system in a profile.
+const TOP_COMMANDS: usize = 6;
+
+/// The Redis command profile of `sc`'s Redis rows (per job, medians over the repeats), or
+/// nothing when none was taken.
+fn profiles(run: &Run, sc: Scenario) -> String {
+    let mut by: BTreeMap<System, Vec<&crate::scenarios::Profile>> = BTreeMap::new();
+    for m in run.measurements.iter().filter(|m| m.scenario == sc) {
+        if let Some(p) = &m.figures.profile {
+            by.entry(m.system).or_default().push(p);
+        }
+    }
+    if by.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new();
+    t.load_style(ASCII_MARKDOWN);
+    t.set_header(vec![
+        "system",
+        "server CPU µs/job",
+        "calls/job",
+        "top commands: µs/job (calls/job)",
+    ]);
+    let med = |mut v: Vec<f64>| spread(&mut v).0;
+    for (system, ps) in by {
+        let cpu = med(ps.iter().map(|p| p.cpu_us).collect());
+        let mut names: Vec<&String> = ps.iter().flat_map(|p| p.commands.keys()).collect();
+        names.sort();
+        names.dedup();
+        // A command missing from a repeat counts as zero there.
+        let mut cmds: Vec<(String, f64, f64)> = names
+            .into_iter()
+            .map(|n| {
+                let get = |i: usize| {
+                    med(ps
+                        .iter()
+                        .map(|p| {
+                            p.commands
+                                .get(n)
+                                .map_or(0.0, |c| if i == 0 { c.0 } else { c.1 })
+                        })
+                        .collect())
+                };
+                (n.clone(), get(0), get(1))
+            })
+            .collect();
+        let calls: f64 = cmds.iter().map(|c| c.1).sum();
+        cmds.sort_by(|a, b| b.2.total_cmp(&a.2));
+        let top: Vec<String> = cmds
+            .iter()
+            .take(TOP_COMMANDS)
+            .map(|(n, c, u)| format!("{n} {} ({})", fmt(*u), fmt(*c)))
+            .collect();
+        t.add_row(vec![
+            Cell::new(system.name()),
+            Cell::new(fmt(cpu)).set_alignment(CellAlignment::Right),
+            Cell::new(fmt(calls)).set_alignment(CellAlignment::Right),
+            Cell::new(top.join("; ")),
+        ]);
+    }
+    format!(
+        "\nRedis command profile of {} (per job, median of the repeats): from `CONFIG RESETSTAT` \
+         with the backlog in, before the workers start, to `INFO commandstats` once the queue is \
+         verified empty, less the harness's own probe commands. Server CPU: `used_cpu_user + \
+         used_cpu_sys` of `INFO cpu` (every command, network and protocol work included). A \
+         script's time (`evalsha`) includes the commands it calls, which are listed under their \
+         own names too; calls/job counts those inner calls.\n\n{}\n",
+        sc.name(),
+        t
+    )
+}
+
+/// What each row is: the systems' settings, per backend.
+pub fn legend(run: &Run) -> String {
+    let mut pairs: Vec<(Backend, System)> = run
+        .measurements
+        .iter()
+        .map(|m| (m.backend, m.system))
+        .collect();
+    pairs.sort();
+    pairs.dedup();
+    let mut out = String::from(
+        "\n### The rows\n\nEvery SQLite file is in WAL mode and every SQLite connection at \
+         `synchronous = NORMAL`. Systems without a bulk enqueue fill a backlog and feed the \
+         steady state with 8 producers at once.\n\n",
+    );
+    for (b, s) in pairs {
+        out.push_str(&format!(
+            "- {} / {}: {}.\n",
+            b.name(),
+            s.name(),
+            s.legend(b)
+        ));
     }
     out
 }

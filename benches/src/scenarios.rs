@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::child::{Report, Workers};
 use crate::common::{Backend, BenchJob, Target, now_ns};
 use crate::systems::System;
+use crate::systems::probe::Probe;
 
 /// Sizes of one run.
 #[derive(Debug, Clone, Serialize)]
@@ -45,7 +46,7 @@ pub struct Sizes {
 }
 
 impl Sizes {
-    /// The quick mode: the whole run in about 15 minutes on 2 cores.
+    /// The quick mode: the whole run (all but pinned-xmin) in about 15-18 minutes on 2 cores.
     pub fn quick() -> Self {
         Sizes {
             enqueue_one: 1_000,
@@ -54,10 +55,10 @@ impl Sizes {
             drain: 20_000,
             failure: 5_000,
             latency_rate: 100,
-            latency_jobs: 200,
-            steady_step: Duration::from_secs(1),
-            steady_steps: 4,
-            memory: 100_000,
+            latency_jobs: 150,
+            steady_step: Duration::from_millis(500),
+            steady_steps: 5,
+            memory: 40_000,
             xmin_rate: 800,
             xmin_hold: Duration::from_secs(60),
             xmin_handlers: 32,
@@ -75,8 +76,8 @@ impl Sizes {
             failure: 20_000,
             latency_rate: 200,
             latency_jobs: 2_000,
-            steady_step: Duration::from_secs(4),
-            steady_steps: 6,
+            steady_step: Duration::from_secs(3),
+            steady_steps: 8,
             memory: 1_000_000,
             xmin_rate: 800,
             xmin_hold: Duration::from_secs(60),
@@ -123,6 +124,26 @@ impl Scenario {
         Scenario::PinnedXmin,
     ];
 
+    /// The scenarios of a run that names none: all but the pinned-xmin one (about 65 s per
+    /// Postgres system and repeat).
+    pub const DEFAULT: [Scenario; 8] = [
+        Scenario::EnqueueOne,
+        Scenario::EnqueueBulk,
+        Scenario::Drain1,
+        Scenario::Drain4,
+        Scenario::Steady,
+        Scenario::Latency,
+        Scenario::Failure,
+        Scenario::Memory,
+    ];
+
+    /// Whether the scenario measures `system`: the enqueue scenarios leave out "ruststream
+    /// batch", whose producer is ruststream's (the row would repeat ruststream's).
+    pub fn measures(self, system: System) -> bool {
+        !(system == System::RuststreamBatch
+            && matches!(self, Scenario::EnqueueOne | Scenario::EnqueueBulk))
+    }
+
     /// Short name.
     pub fn name(self) -> &'static str {
         match self {
@@ -150,26 +171,36 @@ impl Scenario {
                 s.enqueue_bulk, s.bulk_batch
             ),
             Scenario::Drain1 => format!(
-                "drain a backlog of {} no-op jobs, 1 worker process",
+                "drain a backlog of {} no-op jobs, 1 worker process; from the first handler \
+                 start to the queue verified empty",
                 s.drain
             ),
             Scenario::Drain4 => format!(
-                "drain a backlog of {} no-op jobs, 4 worker processes",
+                "drain a backlog of {} no-op jobs, 4 worker processes; from the first handler \
+                 start to the queue verified empty",
                 s.drain
             ),
-            Scenario::Steady => {
-                "steady state: highest producer rate that keeps the backlog flat, 1 worker process"
-                    .to_owned()
-            }
+            Scenario::Steady => format!(
+                "steady state: highest producer rate that keeps the backlog flat, 1 worker \
+                 process; every 10 ms what is due, in one bulk call where the system has one, \
+                 else over 8 producers at once; {} steps of {:.1} s from 0.6 of the drain-1 rate \
+                 (x1.5 until a step is not flat, then bisection)",
+                s.steady_steps,
+                s.steady_step.as_secs_f64()
+            ),
             Scenario::Latency => format!(
                 "publish to handler start at {} jobs/s ({} jobs)",
                 s.latency_rate, s.latency_jobs
             ),
             Scenario::Failure => format!(
-                "failure path: {} jobs, each fails once then succeeds",
+                "failure path: {} jobs, each fails once then succeeds; to the queue verified \
+                 empty",
                 s.failure
             ),
-            Scenario::Memory => format!("one worker draining a backlog of {} jobs", s.memory),
+            Scenario::Memory => format!(
+                "one worker draining a backlog of {} jobs (jobs/s to the queue verified empty)",
+                s.memory
+            ),
             Scenario::PinnedXmin => format!(
                 "a session idle in transaction (REPEATABLE READ, `txid_current()`) pins xmin on \
                  the system's database for {} s while producers offer {} jobs/s to 1 worker \
@@ -216,6 +247,23 @@ pub struct Figures {
     pub values: BTreeMap<String, f64>,
     /// Capped, failed, producer-bound...
     pub note: Option<String>,
+    /// Redis rows of the drain scenarios: the server's command profile of the drain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Profile>,
+}
+
+/// What Redis spent on a drain, per job: from `CONFIG RESETSTAT` (after the backlog is in,
+/// before the workers start) to `INFO commandstats` once the queue is verified empty, less the
+/// harness's own probe commands.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Profile {
+    /// Server CPU (user + system, `INFO cpu`) per job, µs: every command, the network and
+    /// protocol work included.
+    pub cpu_us: f64,
+    /// Per command (`INFO commandstats` name): (calls per job, µs of command time per job).
+    /// A script's time (`evalsha`) includes the commands it calls, which are also listed under
+    /// their own names.
+    pub commands: BTreeMap<String, (f64, f64)>,
 }
 
 impl Figures {
@@ -268,7 +316,7 @@ impl Env {
     pub fn pg_db_url(&self, system: System) -> String {
         let base = self.pg_url.split('?').next().unwrap_or(&self.pg_url);
         let cut = base.rfind('/').map_or(base.len(), |i| i);
-        format!("{}/bench_{}", &base[..cut], system.flag())
+        format!("{}/bench_{}", &base[..cut], system.flag().replace('-', "_"))
     }
 
     /// Creates each system's Postgres database if missing.
@@ -276,7 +324,7 @@ impl Env {
         use sqlx::Connection;
         let mut c = sqlx::PgConnection::connect(&self.pg_url).await?;
         for s in systems {
-            let name = format!("bench_{}", s.flag());
+            let name = format!("bench_{}", s.flag().replace('-', "_"));
             let exists: Option<i32> =
                 sqlx::query_scalar("SELECT 1 FROM pg_database WHERE datname = $1")
                     .bind(&name)
@@ -342,7 +390,7 @@ async fn fill(
     batch: usize,
     deadline: Instant,
 ) -> anyhow::Result<u64> {
-    if system.has_bulk() {
+    if system.has_bulk(t.backend) {
         let mut p = system.producer(t).await?;
         let mut sent = 0;
         while sent < n && Instant::now() < deadline {
@@ -354,7 +402,7 @@ async fn fill(
     }
     let sent = std::sync::atomic::AtomicU64::new(0);
     let mut producers = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..PRODUCERS {
         producers.push(system.producer(t).await?);
     }
     let sent_ref = &sent;
@@ -383,26 +431,117 @@ async fn wait_done(w: &Workers, n: u64, deadline: Instant) -> Report {
     }
 }
 
-/// Jobs per second from a report: completions over the time from the first run to the last
-/// completion; a capped run counts up to now.
-fn rate(r: &Report, n: u64) -> (f64, Option<String>) {
+/// How often the harness looks at the backend at the end of a drain.
+const PROBE_EVERY: Duration = Duration::from_millis(2);
+
+/// Jobs per second from a report: `n` over the time from the first handler start to
+/// `empty_at`, when the harness found the queue empty with every job reported done; a run that
+/// did not get there counts what was done up to now.
+fn rate(r: &Report, n: u64, empty_at: Option<u64>) -> (f64, Option<String>) {
     if r.first_ns == 0 {
         return (
             0.0,
             Some(r.error.clone().unwrap_or_else(|| "no job ran".to_owned())),
         );
     }
-    let (end, note) = if r.done >= n {
-        (r.last_ns, None)
-    } else {
-        let why = r
-            .error
-            .clone()
-            .map_or("capped".to_owned(), |e| format!("stopped: {e}"));
-        (now_ns(), Some(format!("{why}; {} of {n} done", r.done)))
+    let (end, done, note) = match empty_at {
+        Some(at) if r.done >= n => (at, n, None),
+        _ => {
+            let why = r
+                .error
+                .clone()
+                .map_or("capped".to_owned(), |e| format!("stopped: {e}"));
+            let left = if r.done >= n {
+                "; the queue never read empty"
+            } else {
+                ""
+            };
+            (
+                now_ns(),
+                r.done.min(n),
+                Some(format!("{why}; {} of {n} done{left}", r.done)),
+            )
+        }
     };
     let secs = (end.saturating_sub(r.first_ns)) as f64 / 1e9;
-    (r.done as f64 / secs.max(1e-6), note)
+    (done as f64 / secs.max(1e-6), note)
+}
+
+/// `CONFIG RESETSTAT` on the bench's Redis; returns its CPU seconds so far (user + system).
+async fn redis_reset_stats(url: &str) -> anyhow::Result<f64> {
+    let mut c = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut c)
+        .await?;
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut c).await?;
+    Ok(redis_cpu(&info))
+}
+
+/// `used_cpu_user + used_cpu_sys` of an `INFO cpu` reply.
+fn redis_cpu(info: &str) -> f64 {
+    info.lines()
+        .filter_map(|l| {
+            let (k, v) = l.trim().split_once(':')?;
+            matches!(k, "used_cpu_user" | "used_cpu_sys").then(|| v.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+/// The drain's command profile per job: `INFO commandstats` less the probe's own calls (at
+/// the command's mean time per call) and the harness's `INFO` / `CONFIG`.
+async fn redis_profile(
+    url: &str,
+    cpu0: f64,
+    probe_calls: &BTreeMap<String, u64>,
+    jobs: u64,
+) -> anyhow::Result<Profile> {
+    let mut c = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await?;
+    let cpu: String = redis::cmd("INFO").arg("cpu").query_async(&mut c).await?;
+    let per = jobs.max(1) as f64;
+    let mut commands = BTreeMap::new();
+    for line in stats.lines() {
+        // cmdstat_xack:calls=200,usec=3000,usec_per_call=15.00,...
+        let Some((name, rest)) = line
+            .trim()
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        if matches!(name, "info" | "config|resetstat" | "config") {
+            continue;
+        }
+        let field = |k: &str| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let (calls, usec) = (field("calls"), field("usec"));
+        let mine = probe_calls.get(name).copied().unwrap_or(0) as f64;
+        let left = (calls - mine).max(0.0);
+        let usec = if calls > 0.0 {
+            usec * left / calls
+        } else {
+            0.0
+        };
+        if left > 0.0 {
+            commands.insert(name.to_owned(), (left / per, usec / per));
+        }
+    }
+    Ok(Profile {
+        cpu_us: (redis_cpu(&cpu) - cpu0).max(0.0) * 1e6 / per,
+        commands,
+    })
 }
 
 /// Runs one measurement. `hint` is this system's drain rate on this backend, if measured (the
@@ -431,7 +570,7 @@ pub async fn measure(
             Ok(Figures::one("jobs/s", sent as f64 / start.elapsed().as_secs_f64()).noted(note))
         }
         Scenario::EnqueueBulk => {
-            if !system.has_bulk() {
+            if !system.has_bulk(t.backend) {
                 return Ok(Figures::default().noted(Some("no bulk enqueue".to_owned())));
             }
             let start = Instant::now();
@@ -448,26 +587,47 @@ pub async fn measure(
                 _ => (s.memory, 1, false),
             };
             let filled = fill(system, &t, n, s.bulk_batch, Instant::now() + s.cap * 6).await?;
+            let mut probe = Probe::connect(&t, system.remaining(&t)).await?;
+            let profiled =
+                t.backend == Backend::Redis && matches!(sc, Scenario::Drain1 | Scenario::Drain4);
+            let cpu0 = if profiled {
+                Some(redis_reset_stats(&env.redis_url).await?)
+            } else {
+                None
+            };
             let w = Workers::spawn(system, &t, procs, fail, &env.log())?;
             let end = deadline();
             let mut samples: Vec<(u64, u64)> = Vec::new();
-            let r = loop {
+            let sample_every = Duration::from_millis(if sc == Scenario::Memory { 100 } else { 10 });
+            // Until the workers report most of the jobs done: their reports (every 20 ms).
+            let mut r = loop {
                 let r = w.total();
                 if sc == Scenario::Memory {
                     let rss = w.memory().first().map_or(0, |m| m.0);
                     samples.push((r.done, rss));
                 }
-                if r.done >= filled || r.error.is_some() || Instant::now() >= end {
+                if r.done * 10 >= filled * 8 || r.error.is_some() || Instant::now() >= end {
                     break r;
                 }
-                tokio::time::sleep(Duration::from_millis(if sc == Scenario::Memory {
-                    100
-                } else {
-                    10
-                }))
-                .await;
+                tokio::time::sleep(sample_every).await;
             };
-            let (jobs_s, mut note) = rate(&r, filled);
+            // Then the backend, every PROBE_EVERY: the end is the first look that finds the
+            // queue empty (nothing ready, in flight or delayed), once every job is reported done.
+            let mut empty_at: Option<u64> = None;
+            while r.error.is_none() && Instant::now() < end {
+                if empty_at.is_none() && probe.remaining().await? == 0 {
+                    empty_at = Some(now_ns());
+                }
+                r = w.total();
+                if empty_at.is_some() && r.done >= filled {
+                    break;
+                }
+                if sc == Scenario::Memory {
+                    samples.push((r.done, w.memory().first().map_or(0, |m| m.0)));
+                }
+                tokio::time::sleep(PROBE_EVERY).await;
+            }
+            let (jobs_s, mut note) = rate(&r, filled, empty_at);
             if filled < n {
                 note = Some(format!(
                     "{}backlog capped at {filled} of {n}",
@@ -479,6 +639,12 @@ pub async fn measure(
                 w.stop().await;
                 return Ok(Figures::default().noted(note));
             }
+            let profile = match cpu0 {
+                Some(cpu0) if empty_at.is_some() => {
+                    Some(redis_profile(&env.redis_url, cpu0, &probe.calls, filled).await?)
+                }
+                _ => None,
+            };
             let mut f = Figures::one("jobs/s", jobs_s);
             if sc == Scenario::Memory {
                 let peak = w.memory().first().map_or(0, |m| m.1);
@@ -493,6 +659,7 @@ pub async fn measure(
                     .with("jobs/s", jobs_s);
             }
             w.stop().await;
+            f.profile = profile;
             Ok(f.noted(note))
         }
         Scenario::Steady => steady(env, system, &t, hint).await,
@@ -546,9 +713,16 @@ async fn warm_up(w: &Workers, p: &mut crate::systems::Producer, cap: Duration) -
     })
 }
 
-/// The steady-state search: producer steps at a fixed rate; a step is flat when, 300 ms after
-/// it, less than a quarter second of work is left. Doubles until a step is not flat, then
-/// bisects. Reports the highest flat rate the producer achieved.
+/// Producers a system without a bulk enqueue gets (fill and steady state alike).
+const PRODUCERS: usize = 8;
+
+/// The steady-state search: the producer side offers a fixed rate for a step (every 10 ms what
+/// is due: one bulk call where the system has one, else spread over [`PRODUCERS`] producers
+/// publishing one job per call at once); a step is flat when, 300 ms after it, less than a
+/// quarter second of work is left. Starts at 0.6 of the system's drain rate, grows by half
+/// until a step is not flat, then bisects between the best flat rate and the lowest one that
+/// was not; after a step that is not flat the backlog gets four steps' time to drain (else the
+/// search ends there). Reports the highest flat rate the producers achieved.
 async fn steady(
     env: &Env,
     system: System,
@@ -556,14 +730,18 @@ async fn steady(
     hint: Option<f64>,
 ) -> anyhow::Result<Figures> {
     let s = &env.sizes;
+    let bulk = system.has_bulk(t.backend);
     let w = Workers::spawn(system, t, 1, false, &env.log())?;
-    let mut p = system.producer(t).await?;
-    if let Some(f) = warm_up(&w, &mut p, s.cap).await {
+    let mut producers = Vec::new();
+    for _ in 0..if bulk { 1 } else { PRODUCERS } {
+        producers.push(system.producer(t).await?);
+    }
+    if let Some(f) = warm_up(&w, &mut producers[0], s.cap).await {
         w.stop().await;
         return Ok(f);
     }
     let mut published = 1u64;
-    let mut rate = hint.map_or(500.0, |h| (h * 0.5).max(50.0));
+    let mut rate = hint.map_or(500.0, |h| (h * 0.6).max(50.0));
     let (mut best, mut hi): (Option<f64>, Option<f64>) = (None, None);
     let mut bound = None;
     for _ in 0..s.steady_steps {
@@ -576,14 +754,21 @@ async fn steady(
             let due = (rate * start.elapsed().as_secs_f64()) as u64;
             if due > sent {
                 let batch = jobs(published, due - sent);
-                if system.has_bulk() {
+                if bulk {
                     for chunk in batch.chunks(s.bulk_batch) {
-                        p.bulk(chunk).await?;
+                        producers[0].bulk(chunk).await?;
                     }
                 } else {
-                    for j in batch {
-                        p.one(j).await?;
-                    }
+                    let per = batch.len().div_ceil(producers.len());
+                    futures::future::try_join_all(producers.iter_mut().zip(batch.chunks(per)).map(
+                        |(p, chunk)| async move {
+                            for j in chunk {
+                                p.one(*j).await?;
+                            }
+                            anyhow::Ok(())
+                        },
+                    ))
+                    .await?;
                 }
                 published += due - sent;
                 sent = due;
@@ -600,19 +785,20 @@ async fn steady(
         let backlog = published.saturating_sub(r.done);
         let flat = (backlog as f64) <= rate * 0.25 + 10.0;
         if achieved < rate * 0.9 {
-            bound = Some(format!("producer reached {achieved:.0} of {rate:.0}/s"));
+            bound = Some(format!("producers reached {achieved:.0} of {rate:.0}/s"));
         }
         if flat {
             best = Some(best.map_or(achieved, |b: f64| b.max(achieved)));
             rate = match hi {
-                None => rate * 2.0,
+                None => rate * 1.5,
                 Some(h) => (rate + h) / 2.0,
             };
         } else {
             hi = Some(rate);
-            rate = (best.unwrap_or(rate / 4.0) + rate) / 2.0;
-            // Let the backlog drain before the next step.
-            let r = wait_done(&w, published, Instant::now() + s.cap).await;
+            rate = (best.unwrap_or(rate / 3.0) + rate) / 2.0;
+            // Let the backlog drain before the next step (ends the search when it does not
+            // within four steps' time).
+            let r = wait_done(&w, published, Instant::now() + s.steady_step * 4).await;
             if r.done < published {
                 break;
             }
@@ -654,7 +840,11 @@ async fn pinned_xmin(env: &Env, system: System, t: &Target) -> anyhow::Result<Fi
     let mut admin = sqlx::PgConnection::connect(&t.url).await?;
     sqlx::raw_sql("VACUUM").execute(&mut admin).await?;
     let w = Workers::spawn(system, &t, 1, false, &env.log())?;
-    let n_producers = if system.has_bulk() { 1 } else { XMIN_PRODUCERS };
+    let n_producers = if system.has_bulk(t.backend) {
+        1
+    } else {
+        XMIN_PRODUCERS
+    };
     let mut producers = Vec::new();
     for _ in 0..n_producers {
         producers.push(system.producer(&t).await?);
@@ -689,7 +879,7 @@ async fn pinned_xmin(env: &Env, system: System, t: &Target) -> anyhow::Result<Fi
     let next = AtomicU64::new(1);
     let max_backlog = AtomicU64::new(0);
     let per = s.xmin_rate as f64 / n_producers as f64;
-    let has_bulk = system.has_bulk();
+    let has_bulk = system.has_bulk(t.backend);
     let start = tokio::time::Instant::now();
     let end = start + s.xmin_hold;
     let (published_ref, next_ref) = (&published, &next);

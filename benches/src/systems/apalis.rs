@@ -33,7 +33,54 @@ pub fn supports(b: Backend) -> bool {
 
 /// `TaskSink::push_all`: the tasks are buffered and written in one `push_tasks` call (one Lua
 /// script on Redis, one multi-row `INSERT` on Postgres and SQLite).
-pub const HAS_BULK: bool = true;
+pub fn has_bulk(_b: Backend) -> bool {
+    true
+}
+
+/// Redis: the active list, the scheduled set and every worker's in-flight set; SQL: the queue's
+/// rows not done nor killed (apalis keeps finished rows).
+pub fn remaining(t: &Target) -> super::probe::Remaining {
+    use super::probe::{RedisPlace, Remaining, lit};
+    let q = &t.queue;
+    match t.backend {
+        Backend::Redis => Remaining::Redis(vec![
+            RedisPlace::List(format!("{q}:active")),
+            RedisPlace::Zset(format!("{q}:scheduled")),
+            RedisPlace::Sets(format!("{q}:inflight*")),
+        ]),
+        Backend::Postgres => Remaining::Sql(format!(
+            "SELECT count(*) FROM apalis.jobs WHERE job_type = {} AND status NOT IN ('Done', 'Killed')",
+            lit(q)
+        )),
+        Backend::Sqlite => Remaining::Sql(format!(
+            "SELECT count(*) FROM Jobs WHERE job_type = {} AND status NOT IN ('Done', 'Killed')",
+            lit(q)
+        )),
+    }
+}
+
+/// How it runs.
+pub fn legend(b: Backend) -> String {
+    let common = "`WorkerBuilder` at concurrency 64, `parallelize(tokio::spawn)`, \
+        `RetryPolicy::retries(2)`, `batch_size(100)`, 50 ms poll";
+    match b {
+        Backend::Redis => format!("{common}; producers `push_task` / `push_all`"),
+        Backend::Postgres => format!("{common} besides `with_pubsub()` (LISTEN/NOTIFY)"),
+        Backend::Sqlite => format!(
+            "{common}; its pools opened with `synchronous = NORMAL` (apalis's `setup` sets OFF \
+             on its own connection only; sqlx's default is FULL)"
+        ),
+    }
+}
+
+/// An apalis SQLite pool on the target: WAL (set by `setup`), `synchronous = NORMAL` like
+/// every SQLite system of the bench.
+async fn sqlite_pool(t: &Target) -> anyhow::Result<SqlitePool> {
+    use std::str::FromStr;
+    let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&t.url)?
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Normal);
+    Ok(SqlitePool::connect_with(opts).await?)
+}
 
 /// Runs of a job at most: the first plus two immediate retries.
 const MAX_ATTEMPTS: usize = 3;
@@ -120,7 +167,7 @@ impl Producer {
                 Producer::Postgres(PostgresStorage::new(&pool).with_config(postgres_config(t)))
             }
             Backend::Sqlite => {
-                let pool = SqlitePool::connect(&t.url).await?;
+                let pool = sqlite_pool(t).await?;
                 Producer::Sqlite(SqliteStorage::new(&pool).with_config(sqlite_config(t)))
             }
         })
@@ -206,7 +253,7 @@ pub async fn work(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
             run_worker!(storage, hook, t.concurrency)?;
         }
         Backend::Sqlite => {
-            let pool = SqlitePool::connect(&t.url).await?;
+            let pool = sqlite_pool(t).await?;
             let storage = SqliteStorage::<BenchJob>::new(&pool)
                 .with_config(sqlite_config(t))
                 .poll_with_interval(POLL_INTERVAL);

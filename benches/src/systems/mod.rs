@@ -1,8 +1,10 @@
-//! One module per system. Each exposes the same five items, used through [`System`]:
+//! One module per system. Each exposes the same items, used through [`System`]:
 //!
 //! ```text
 //! pub fn supports(backend: Backend) -> bool;
-//! pub const HAS_BULK: bool;                 // the system has a bulk enqueue API
+//! pub fn has_bulk(b: Backend) -> bool;      // a bulk, batch or transaction enqueue on b
+//! pub fn remaining(t: &Target) -> probe::Remaining;      // where its unfinished jobs are
+//! pub fn legend(b: Backend) -> String;      // how it runs, for the legend under the tables
 //! pub async fn reset(t: &Target) -> anyhow::Result<()>;   // schema/migrations + no jobs left
 //! pub struct Producer;                      // one connection (pool) that enqueues
 //! impl Producer {
@@ -20,7 +22,9 @@
 
 pub mod apalis;
 pub mod graphile;
+pub mod probe;
 pub mod raw;
+pub mod raw_guarded;
 pub mod ruststream;
 pub mod stagedoor;
 
@@ -41,8 +45,13 @@ pub enum System {
     Graphile,
     /// ruststream-sqlx / ruststream-fred.
     Ruststream,
-    /// The server's raw limit: a hand-written loop doing only the protocol work.
+    /// ruststream with its batch handler (`batch(n)`, a body over `[T]`).
+    RuststreamBatch,
+    /// A hand-written minimal loop: only the protocol work, none of the guarantees.
     Raw,
+    /// A hand-written loop with stagedoor-jobs' guarantees: fenced acknowledgement, attempt
+    /// counted at claim, and (Redis) an id set against duplicates.
+    RawGuarded,
 }
 
 macro_rules! each {
@@ -60,12 +69,16 @@ macro_rules! each {
                 use graphile as $m;
                 $e
             }
-            System::Ruststream => {
+            System::Ruststream | System::RuststreamBatch => {
                 use ruststream as $m;
                 $e
             }
             System::Raw => {
                 use raw as $m;
+                $e
+            }
+            System::RawGuarded => {
+                use raw_guarded as $m;
                 $e
             }
         }
@@ -74,12 +87,14 @@ macro_rules! each {
 
 impl System {
     /// Every system, in table order.
-    pub const ALL: [System; 5] = [
+    pub const ALL: [System; 7] = [
         System::Stagedoor,
         System::Apalis,
         System::Graphile,
         System::Ruststream,
+        System::RuststreamBatch,
         System::Raw,
+        System::RawGuarded,
     ];
 
     /// The name in tables.
@@ -89,7 +104,9 @@ impl System {
             System::Apalis => "apalis",
             System::Graphile => "graphile_worker",
             System::Ruststream => "ruststream",
-            System::Raw => "raw limit",
+            System::RuststreamBatch => "ruststream batch",
+            System::Raw => "raw, minimal loop",
+            System::RawGuarded => "raw, same guarantees",
         }
     }
 
@@ -100,7 +117,9 @@ impl System {
             System::Apalis => "apalis",
             System::Graphile => "graphile",
             System::Ruststream => "ruststream",
+            System::RuststreamBatch => "ruststream-batch",
             System::Raw => "raw",
+            System::RawGuarded => "raw-guarded",
         }
     }
 
@@ -109,9 +128,23 @@ impl System {
         each!(self, m => m::supports(b))
     }
 
-    /// Whether it has a bulk enqueue.
-    pub fn has_bulk(self) -> bool {
-        each!(self, m => m::HAS_BULK)
+    /// Whether it has a bulk (or batch, or transaction) enqueue on `b`.
+    pub fn has_bulk(self, b: Backend) -> bool {
+        each!(self, m => m::has_bulk(b))
+    }
+
+    /// Where the harness looks to see that none of this system's jobs is left in the queue
+    /// (ready, in flight, or delayed).
+    pub fn remaining(self, t: &Target) -> probe::Remaining {
+        each!(self, m => m::remaining(t))
+    }
+
+    /// What a reader must know about how this system runs on `b` (the legend under the tables).
+    pub fn legend(self, b: Backend) -> String {
+        match self {
+            System::RuststreamBatch => ruststream::legend_batch(b),
+            _ => each!(self, m => m::legend(b)),
+        }
     }
 
     /// Creates the schema and removes every job.
@@ -125,14 +158,20 @@ impl System {
             System::Stagedoor => Producer::Stagedoor(stagedoor::Producer::connect(t).await?),
             System::Apalis => Producer::Apalis(apalis::Producer::connect(t).await?),
             System::Graphile => Producer::Graphile(graphile::Producer::connect(t).await?),
-            System::Ruststream => Producer::Ruststream(ruststream::Producer::connect(t).await?),
+            System::Ruststream | System::RuststreamBatch => {
+                Producer::Ruststream(ruststream::Producer::connect(t).await?)
+            }
             System::Raw => Producer::Raw(raw::Producer::connect(t).await?),
+            System::RawGuarded => Producer::RawGuarded(raw_guarded::Producer::connect(t).await?),
         })
     }
 
     /// Runs a worker until the process is killed.
     pub async fn work(self, t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
-        each!(self, m => m::work(t, hook).await)
+        match self {
+            System::RuststreamBatch => ruststream::work_batch(t, hook).await,
+            _ => each!(self, m => m::work(t, hook).await),
+        }
     }
 }
 
@@ -147,8 +186,10 @@ pub enum Producer {
     Graphile(graphile::Producer),
     /// ruststream.
     Ruststream(ruststream::Producer),
-    /// raw.
+    /// raw, minimal loop.
     Raw(raw::Producer),
+    /// raw, same guarantees.
+    RawGuarded(raw_guarded::Producer),
 }
 
 macro_rules! each_producer {
@@ -159,6 +200,7 @@ macro_rules! each_producer {
             Producer::Graphile($x) => $e,
             Producer::Ruststream($x) => $e,
             Producer::Raw($x) => $e,
+            Producer::RawGuarded($x) => $e,
         }
     };
 }

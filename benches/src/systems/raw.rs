@@ -1,6 +1,8 @@
-//! The raw limit of each server: a minimal hand-written loop doing only the protocol work a job
-//! needs, batched the way stagedoor-jobs batches. No envelope, no retries policy, no lease
-//! renewal, no dead letters: what is left when a framework costs nothing.
+//! The minimal loop of each server: a hand-written loop doing only the protocol work a job
+//! needs, batched the way stagedoor-jobs batches. One connection, no fence on the
+//! acknowledgement, no id set, no attempt count, no envelope, no retry policy, no lease renewal,
+//! no dead letters: what is left when neither a framework nor its guarantees cost anything.
+//! [`super::raw_guarded`] is the same loop with stagedoor-jobs' guarantees.
 //!
 //! - Redis: pipelined `XADD`; `XREADGROUP COUNT 100`; one `XACK`+`XDEL` per batch.
 //! - SQL: a multi-row `INSERT`; one claim statement leasing and returning up to 100 rows; one
@@ -21,7 +23,46 @@ pub fn supports(_b: Backend) -> bool {
 }
 
 /// Pipelined `XADD`, multi-row `INSERT`.
-pub const HAS_BULK: bool = true;
+pub fn has_bulk(_b: Backend) -> bool {
+    true
+}
+
+/// Redis: the group's pending entries and lag; SQL: the queue's rows.
+pub fn remaining(t: &Target) -> super::probe::Remaining {
+    use super::probe::{RedisPlace, Remaining, lit};
+    match t.backend {
+        Backend::Redis => Remaining::Redis(vec![RedisPlace::Group {
+            stream: t.queue.clone(),
+            group: GROUP.to_owned(),
+        }]),
+        _ => Remaining::Sql(format!(
+            "SELECT count(*) FROM raw_jobs WHERE queue = {}",
+            lit(&t.queue)
+        )),
+    }
+}
+
+/// What it does, exactly.
+pub fn legend(b: Backend) -> String {
+    let what = match b {
+        Backend::Redis => {
+            "one multiplexed connection: `XREADGROUP COUNT 100 BLOCK 50` (the \
+            server wakes it), the batch's jobs in turn, then one pipeline of `XACK` + `XDEL` \
+            (a failed job: `XADD` of a copy); publish: pipelined `XADD`"
+        }
+        Backend::Postgres => {
+            "one connection: a claim `UPDATE ... RETURNING` of up to 100 rows \
+            (`FOR UPDATE SKIP LOCKED`, 30 s lease), the jobs in turn, one `DELETE ... = ANY` \
+            per batch; sleeps 10 ms when a claim finds nothing; publish: multi-row `INSERT`"
+        }
+        Backend::Sqlite => {
+            "one connection (WAL, `synchronous = NORMAL`): a claim `UPDATE ... \
+            RETURNING` of up to 100 rows (30 s lease), the jobs in turn, one `DELETE` per \
+            batch; sleeps 10 ms when a claim finds nothing; publish: multi-row `INSERT`"
+        }
+    };
+    format!("minimal loop, {what}; no fence, no id set, no attempt count")
+}
 
 const GROUP: &str = "raw";
 

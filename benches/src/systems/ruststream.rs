@@ -48,10 +48,13 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 /// The most connections a worker's Postgres pool opens.
 const PG_POOL: u32 = 16;
 
+/// The most connections a producer's Postgres pool opens.
+const PRODUCER_POOL: u32 = 2;
+
 /// Whether the Postgres brokers wake their subscriptions with `LISTEN` / `NOTIFY`
-/// (`SqlxBroker::listen_notify`: each publish also sends `pg_notify`). Off: the crate makes it
-/// opt-in for its cost, and on this machine it halved the rate of single publishes.
-const LISTEN_NOTIFY: bool = false;
+/// (`SqlxBroker::listen_notify`: each publish also sends `pg_notify`): on, as the crate's guide
+/// recommends for a worker that should not wait out its poll interval.
+const LISTEN_NOTIFY: bool = true;
 
 /// What the producer publishes: the job itself on the wire (`serde(transparent)`), declared as an
 /// outgoing message whose destination the call names.
@@ -69,11 +72,60 @@ pub fn supports(b: Backend) -> bool {
     matches!(b, Backend::Sqlite | Backend::Postgres | Backend::Redis)
 }
 
-/// No bulk enqueue: a RustStream publisher takes one message per call, and the inbox has no
-/// multi-row publish. (On Redis alone, a transaction of the stream publisher, `begin` /
-/// `commit`, sends its buffered publishes as one `MULTI` / `EXEC` block; the flag is one for
-/// every backend, so [`Producer::bulk`] loops there too.)
-pub const HAS_BULK: bool = false;
+/// On Redis, a transaction of the stream publisher (`PublishExt::begin`, `publish` per job,
+/// `commit`) sends its buffered `XADD`s as one `MULTI` / `EXEC` block: that is the bulk call.
+/// The inbox has no multi-row publish: one `publish` per job (the harness runs 8 producers).
+pub fn has_bulk(b: Backend) -> bool {
+    b == Backend::Redis
+}
+
+/// Redis: the group's pending entries and lag (the crate never deletes entries; a retry is a
+/// new entry of the same stream); SQL: the queue's rows (an ack deletes the row).
+pub fn remaining(t: &Target) -> super::probe::Remaining {
+    use super::probe::{RedisPlace, Remaining, lit};
+    match t.backend {
+        Backend::Redis => Remaining::Redis(vec![RedisPlace::Group {
+            stream: t.queue.clone(),
+            group: redis::GROUP.to_owned(),
+        }]),
+        _ => Remaining::Sql(format!(
+            "SELECT count(*) FROM ruststream_jobs WHERE queue = {}",
+            lit(&t.queue)
+        )),
+    }
+}
+
+/// How it runs (single-message handler).
+pub fn legend(b: Backend) -> String {
+    match b {
+        Backend::Redis => "`ruststream-fred` stream subscription, `workers(64)`, prefetch 64 per \
+            `XREADGROUP`, 3 attempts; never deletes entries, no fence on the ack; bulk = a \
+            publisher transaction (`MULTI`/`EXEC`)"
+            .to_owned(),
+        Backend::Postgres => "`ruststream-sqlx` inbox (lease form), `workers(64)`, pool of 16, \
+            `listen_notify()` and a 50 ms poll, 3 attempts; one `publish` per job"
+            .to_owned(),
+        Backend::Sqlite => "`ruststream-sqlx` inbox (lease form), `workers(64)`, 50 ms poll, \
+            opened in WAL with `synchronous = NORMAL`; one `publish` per job"
+            .to_owned(),
+    }
+}
+
+/// How the batch-handler row runs.
+pub fn legend_batch(b: Backend) -> String {
+    format!(
+        "as ruststream, but the handler is a batch body over `[T]` with `batch({BATCH_SIZE})` \
+         (one batch at a time, one outcome per element){}",
+        if b == Backend::Redis {
+            ": one `XREADGROUP COUNT 100` per batch"
+        } else {
+            ": one claim of up to 100 rows per batch"
+        }
+    )
+}
+
+/// Messages per call of the batch handler: the bench's `BATCH`.
+const BATCH_SIZE: usize = crate::common::BATCH;
 
 /// Creates the queue table and its claim index (SQLite, Postgres) and empties it. Redis needs
 /// nothing: the worker creates its group at the stream's start, and the harness flushes the
@@ -137,8 +189,17 @@ impl Producer {
         Ok(())
     }
 
-    /// One `publish` call per job, one after another: there is no bulk enqueue.
+    /// Redis: one transaction (`begin`, a `publish` per job, `commit`: one `MULTI` / `EXEC`).
+    /// The inbox: one `publish` call per job, one after another.
     pub async fn bulk(&mut self, jobs: &[BenchJob]) -> anyhow::Result<()> {
+        if let Publisher::Redis(p) = &self.publisher {
+            let mut scope = p.begin().await?;
+            for job in jobs {
+                scope.publish(self.queue.as_str(), &Enqueued(*job)).await?;
+            }
+            scope.commit().await?;
+            return Ok(());
+        }
         for job in jobs {
             self.one(*job).await?;
         }
@@ -164,6 +225,46 @@ pub async fn work(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
         Backend::Redis => redis::work(t, hook).await,
     }?;
     anyhow::bail!("the ruststream service stopped")
+}
+
+/// Runs the queue's service with the batch handler until the process is killed.
+pub async fn work_batch(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
+    match t.backend {
+        Backend::Sqlite => sqlite::work_batch(t, hook).await,
+        Backend::Postgres => postgres::work_batch(t, hook).await,
+        Backend::Redis => redis::work_batch(t, hook).await,
+    }?;
+    anyhow::bail!("the ruststream service stopped")
+}
+
+/// The batch handler body: the hook for each job, one outcome per element (ack, or a retry
+/// where the hook says fail).
+struct RunBatch {
+    hook: Arc<Hook>,
+}
+
+impl Handle<[BenchJob]> for RunBatch {
+    async fn handle(
+        &self,
+        jobs: &[BenchJob],
+        _outs: &(),
+        _ctx: &mut Context<'_>,
+    ) -> Result<(), Vec<HandlerOutcome>> {
+        let ok: Vec<bool> = jobs.iter().map(|j| self.hook.run(j)).collect();
+        if ok.iter().all(|k| *k) {
+            return Ok(());
+        }
+        Err(ok
+            .into_iter()
+            .map(|k| {
+                if k {
+                    HandlerOutcome::ack()
+                } else {
+                    HandlerOutcome::retry()
+                }
+            })
+            .collect())
+    }
 }
 
 /// The handler body: runs the hook first, and asks for a retry when it says fail.
@@ -253,7 +354,7 @@ mod sqlite {
     use sqlx::{Connection, Sqlite, SqliteConnection};
 
     use super::inbox::Job;
-    use super::{POLL_INTERVAL, RunJob, dead_letter, workers};
+    use super::{BATCH_SIZE, POLL_INTERVAL, RunBatch, RunJob, dead_letter, workers};
     use crate::common::{Hook, Target};
 
     /// The producer's live publisher: a publish is an insert into [`Job`]'s table.
@@ -269,9 +370,11 @@ mod sqlite {
     );
     CREATE INDEX IF NOT EXISTS ruststream_jobs_claim ON ruststream_jobs (queue, id);";
 
-    /// The target's file, in WAL mode.
+    /// The target's file, in WAL mode, `synchronous = NORMAL` like every SQLite system here.
     fn options(t: &Target) -> anyhow::Result<SqliteConnectOptions> {
-        Ok(SqliteConnectOptions::from_str(&t.url)?.journal_mode(SqliteJournalMode::Wal))
+        Ok(SqliteConnectOptions::from_str(&t.url)?
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(sqlx::sqlite::SqliteSynchronous::Normal))
     }
 
     /// Creates the table and empties it.
@@ -318,6 +421,26 @@ mod sqlite {
             .await?;
         Ok(())
     }
+
+    /// Serves the queue with the batch handler until the service stops.
+    pub(super) async fn work_batch(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
+        let broker = SqlxBroker::from_connect_options(options(t)?, SqlitePoolOptions::new())
+            .poll_interval(POLL_INTERVAL);
+        let queue = t.queue.clone();
+        let dead = dead_letter(t);
+        RustStream::new(AppInfo::new("bench-worker", "0.1.0"))
+            .with_broker(broker, |b| {
+                let run = subscriber(queue.clone(), RunBatch { hook })
+                    .map_source(move |_| InboxQueue::<Job>::new(queue))
+                    .batch(nonzero!(BATCH_SIZE));
+                b.include(run.build())
+                    .max_attempts(nonzero!(3u32))
+                    .dead_letter(dead);
+            })
+            .run_until(std::future::pending())
+            .await?;
+        Ok(())
+    }
 }
 
 /// The inbox on Postgres.
@@ -332,7 +455,10 @@ mod postgres {
     use sqlx::{Connection, PgConnection, Postgres};
 
     use super::inbox::Job;
-    use super::{LISTEN_NOTIFY, PG_POOL, POLL_INTERVAL, RunJob, dead_letter, workers};
+    use super::{
+        BATCH_SIZE, LISTEN_NOTIFY, PG_POOL, POLL_INTERVAL, PRODUCER_POOL, RunBatch, RunJob,
+        dead_letter, workers,
+    };
     use crate::common::{Hook, Target};
 
     /// The producer's live publisher: a publish is an insert into [`Job`]'s table.
@@ -377,7 +503,10 @@ mod postgres {
 
     /// Starts an app with no subscriptions and pairs a `Repository` publisher from it.
     pub(super) async fn publisher(t: &Target) -> anyhow::Result<(Publisher, RunningApp)> {
-        let broker = broker(t, PgPoolOptions::new())?.bindable();
+        // Two connections: a producer publishes one job at a time, and 8 producers at sqlx's
+        // default of 10 each (with their LISTEN connections, and 4 worker processes' pools)
+        // ran Postgres out of connections.
+        let broker = broker(t, PgPoolOptions::new().max_connections(PRODUCER_POOL))?.bindable();
         let jobs = broker.bind(Repository::<Job>::default());
         let app = RustStream::new(AppInfo::new("bench-producer", "0.1.0"))
             .with_broker(broker, |_b| {})
@@ -407,6 +536,26 @@ mod postgres {
             .await?;
         Ok(())
     }
+
+    /// Serves the queue with the batch handler until the service stops.
+    pub(super) async fn work_batch(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
+        let pool = PgPoolOptions::new().max_connections(PG_POOL);
+        let broker = broker(t, pool)?.poll_interval(POLL_INTERVAL);
+        let queue = t.queue.clone();
+        let dead = dead_letter(t);
+        RustStream::new(AppInfo::new("bench-worker", "0.1.0"))
+            .with_broker(broker, |b| {
+                let run = subscriber(queue.clone(), RunBatch { hook })
+                    .map_source(move |_| InboxQueue::<Job>::new(queue))
+                    .batch(nonzero!(BATCH_SIZE));
+                b.include(run.build())
+                    .max_attempts(nonzero!(3u32))
+                    .dead_letter(dead);
+            })
+            .run_until(std::future::pending())
+            .await?;
+        Ok(())
+    }
 }
 
 /// Redis Streams: `XADD` to publish, `XREADGROUP` through one consumer group to work.
@@ -417,14 +566,14 @@ mod redis {
     use ruststream_fred::RedisPublisher;
     use ruststream_fred::stream::prelude::*;
 
-    use super::{RunJob, dead_letter, workers};
+    use super::{BATCH_SIZE, RunBatch, RunJob, dead_letter, workers};
     use crate::common::{Hook, Target};
 
     /// The producer's live publisher: a publish is an `XADD` to the stream it names.
     pub(super) type Publisher = RedisPublisher;
 
     /// The consumer group every worker reads through.
-    const GROUP: &str = "bench";
+    pub(super) const GROUP: &str = "bench";
 
     /// Starts an app with no subscriptions and pairs a stream publisher from it.
     pub(super) async fn publisher(t: &Target) -> anyhow::Result<(Publisher, RunningApp)> {
@@ -451,6 +600,25 @@ mod redis {
         RustStream::new(AppInfo::new("bench-worker", "0.1.0"))
             .with_broker(RedisBroker::standalone(t.url.clone()), |b| {
                 let run = subscriber(stream, RunJob { hook }).workers(n);
+                b.include(run.build())
+                    .max_attempts(nonzero!(3u32))
+                    .dead_letter(dead);
+            })
+            .run_until(std::future::pending())
+            .await?;
+        Ok(())
+    }
+
+    /// Serves the stream with the batch handler until the service stops.
+    pub(super) async fn work_batch(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
+        let stream = RedisStream::new(t.queue.clone())
+            .group(GROUP)
+            .consumer(format!("bench-{}", std::process::id()))
+            .start_id(StreamStart::Beginning);
+        let dead = dead_letter(t);
+        RustStream::new(AppInfo::new("bench-worker", "0.1.0"))
+            .with_broker(RedisBroker::standalone(t.url.clone()), |b| {
+                let run = subscriber(stream, RunBatch { hook }).batch(nonzero!(BATCH_SIZE));
                 b.include(run.build())
                     .max_attempts(nonzero!(3u32))
                     .dead_letter(dead);

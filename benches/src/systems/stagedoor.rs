@@ -18,7 +18,42 @@ pub fn supports(_b: Backend) -> bool {
 }
 
 /// `Publish::publish_jobs`: one round trip per batch.
-pub const HAS_BULK: bool = true;
+pub fn has_bulk(_b: Backend) -> bool {
+    true
+}
+
+/// Redis: the stream's group (pending + lag) and the delayed set; SQL: the queue's rows.
+pub fn remaining(t: &Target) -> super::probe::Remaining {
+    use super::probe::{RedisPlace, Remaining, lit};
+    match t.backend {
+        Backend::Redis => Remaining::Redis(vec![
+            RedisPlace::Group {
+                stream: format!("{{{}}}", t.queue),
+                group: "stagedoor".to_owned(),
+            },
+            RedisPlace::Zset(format!("{{{}}}:delayed", t.queue)),
+        ]),
+        _ => Remaining::Sql(format!(
+            "SELECT count(*) FROM bench_jobs WHERE queue = {}",
+            lit(&t.queue)
+        )),
+    }
+}
+
+/// How it runs.
+pub fn legend(b: Backend) -> String {
+    match b {
+        Backend::Redis => "`RedisBroker`, one subscriber at concurrency 64, `Immediate` backoff, \
+            3 attempts; producers `publish_job` / `publish_jobs`"
+            .to_owned(),
+        Backend::Postgres => "`SqlxBroker` route on a `#[derive(Inbox)]` table, pool of 8, \
+            50 ms poll besides LISTEN/NOTIFY, concurrency 64"
+            .to_owned(),
+        Backend::Sqlite => "`SqlxBroker` route, pool of 4, 50 ms poll, concurrency 64; the \
+            crate opens SQLite in WAL with `synchronous = NORMAL`"
+            .to_owned(),
+    }
+}
 
 const SQLITE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS bench_jobs (
     id INTEGER PRIMARY KEY,
