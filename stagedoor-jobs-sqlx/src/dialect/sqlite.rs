@@ -213,45 +213,30 @@ fn database_files(pool: &sqlx::SqlitePool) -> Vec<std::path::PathBuf> {
     vec![db.clone(), with("-wal"), with("-shm")]
 }
 
-/// What [`signature`] reads of one file: its size and modification time, and the bytes of its
-/// header a commit moves.
-type FileState = (Option<(u64, Option<std::time::SystemTime>)>, Vec<u8>);
-
-/// The first `n` bytes of `file` (fewer if it is shorter; none if it cannot be read).
-fn head(file: &std::path::Path, n: u64) -> Vec<u8> {
-    use std::io::Read as _;
-    let mut out = Vec::new();
-    if let Ok(f) = std::fs::File::open(file) {
-        let _ = f.take(n).read_to_end(&mut out);
-    }
-    out
-}
+/// What [`signature`] reads of one file: its size and modification time.
+type FileState = Option<(u64, Option<std::time::SystemTime>)>;
 
 /// What a commit changes of `files` (see [`database_files`]): each one's size and modification
-/// time, the database header (its change counter, which a commit in rollback-journal mode
-/// moves) and the header of the log's shared index (which a commit in WAL mode moves: its
-/// change counter and last frame; SQLite's file format, read as a file, never mapped).
+/// time, read with `stat` only. The watcher never opens these files: POSIX advisory locks
+/// belong to the process, and closing any descriptor of a file drops every lock the process
+/// holds on it, SQLite's own included (a reader of the log's index header got SQLite
+/// connections of the same process "locking protocol" errors under load). Two commits within
+/// one tick of the file system's clock that leave a full-size log as it was look alike: the
+/// second's rows are then found at the poll.
 fn signature(files: &[std::path::PathBuf]) -> Vec<FileState> {
     files
         .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            let meta = std::fs::metadata(f)
+        .map(|f| {
+            std::fs::metadata(f)
                 .ok()
-                .map(|m| (m.len(), m.modified().ok()));
-            let bytes = match i {
-                0 => head(f, 28),
-                2 => head(f, 48),
-                _ => Vec::new(),
-            };
-            (meta, bytes)
+                .map(|m| (m.len(), m.modified().ok()))
         })
         .collect()
 }
 
 /// Wakes this process's idle workers when another process (or another broker of this one)
-/// commits to the database: a commit changes the database's files (in WAL mode, the header of
-/// the log's shared index counts commits), as [`signature`] reads them. Looked at every [`CHANGE_CHECK`]
+/// commits to the database: a commit changes the size or the modification time of the
+/// database's files, as [`signature`] reads them. Looked at every [`CHANGE_CHECK`]
 /// while the database is busy, every [`QUIET_CHECK`] once it has been quiet, and only while a
 /// claim waits (a busy worker looks for rows anyway); a claim that found nothing writes
 /// nothing, so an idle process does not wake itself. Should a change go unseen, its rows are
