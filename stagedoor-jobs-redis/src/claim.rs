@@ -326,6 +326,12 @@ impl RedisBroker {
     /// Makes the delayed mover of `queue` look by `due` (read at `now` on the broker's clock):
     /// a delayed job just published may be due before its next look.
     pub(crate) fn look_for_due_by(&self, queue: &str, due: DateTime<Utc>, now: DateTime<Utc>) {
+        self.look_within(queue, (due - now).to_std().unwrap_or_default());
+    }
+
+    /// Makes the delayed mover of `queue` look within `delay` from now: a job just retried with
+    /// that delay may be due before its next look.
+    pub(crate) fn look_within(&self, queue: &str, delay: std::time::Duration) {
         if let Some(h) = self
             .inner
             .housekeeping
@@ -333,7 +339,7 @@ impl RedisBroker {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get_mut(queue)
         {
-            let at = tokio::time::Instant::now() + (due - now).to_std().unwrap_or_default();
+            let at = tokio::time::Instant::now() + delay;
             h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
         }
     }

@@ -246,17 +246,7 @@ impl RedisBroker {
         let n = answer.await.map_err(|_| stopped())??;
         let done = n > 0;
         if done && let Some(delay) = delayed {
-            // The mover should look by then.
-            let at = tokio::time::Instant::now() + delay;
-            if let Some(h) = self
-                .inner
-                .housekeeping
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get_mut(queue)
-            {
-                h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
-            }
+            self.look_within(queue, delay);
         }
         if n > 1 {
             self.note_trimmed(&keys.dead, n - 1);
