@@ -1597,22 +1597,6 @@ async fn an_unreachable_server_fails_start_in_one_line() {
 }
 
 #[tokio::test]
-async fn a_tls_url_without_the_feature_names_the_feature() {
-    let err = start_err(one_mount(
-        RedisBroker::from_url("rediss://user:secret@127.0.0.1:6380/"),
-        DEAD,
-    ))
-    .await;
-    let text = err.to_string();
-    assert!(!text.contains('\n'), "one line: {text:?}");
-    assert!(
-        text.contains("`tls` feature") && text.contains("stagedoor-jobs-redis"),
-        "names the feature: {text}"
-    );
-    assert!(!text.contains("secret"), "the password is masked: {text}");
-}
-
-#[tokio::test]
 async fn a_malformed_url_fails_start_naming_the_expected_form() {
     let err = start_err(one_mount(RedisBroker::from_url("not a url"), DEAD)).await;
     let text = err.to_string();

@@ -4,14 +4,18 @@
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+#[cfg(feature = "cluster")]
 use redis::cluster::ClusterClient;
+#[cfg(feature = "cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-/// Where the broker connects.
+/// Where the broker connects. One per broker: its size does not matter.
 #[derive(Clone, Debug)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Target {
     Single(redis::Client),
+    #[cfg(feature = "cluster")]
     Cluster(Box<ClusterClient>),
 }
 
@@ -19,6 +23,7 @@ pub(crate) enum Target {
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
+    #[cfg(feature = "cluster")]
     Cluster(ClusterConnection),
 }
 
@@ -41,6 +46,7 @@ impl Target {
                     ConnectionManager::new_with_config(c.clone(), config).await?,
                 ))
             }
+            #[cfg(feature = "cluster")]
             Target::Cluster(c) => Ok(Conn::Cluster(c.get_async_connection().await?)),
         }
     }
@@ -50,6 +56,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -62,6 +69,7 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -69,15 +77,34 @@ impl ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.get_db(),
         }
     }
 }
 
-/// The cluster client, with a response timeout above the longest blocking read.
-pub(crate) fn cluster_client(urls: &[String]) -> redis::RedisResult<ClusterClient> {
-    ClusterClient::builder(urls.iter().map(String::as_str))
+/// The cluster client, with a response timeout above the longest blocking read, and `tls`'s
+/// certificates when given.
+#[cfg(feature = "cluster")]
+pub(crate) fn cluster_client(
+    urls: &[String],
+    #[cfg(feature = "tls")] tls: Option<&crate::tls::Tls>,
+) -> redis::RedisResult<ClusterClient> {
+    let builder = ClusterClient::builder(urls.iter().map(String::as_str))
         .response_timeout(RESPONSE_TIMEOUT)
-        .connection_timeout(Duration::from_secs(5))
-        .build()
+        .connection_timeout(Duration::from_secs(5));
+    #[cfg(feature = "tls")]
+    let builder = match tls {
+        Some(tls) => {
+            crate::tls::install_provider();
+            builder.certs(tls.certificates())
+        }
+        None => {
+            if urls.iter().any(|u| u.starts_with("rediss://")) {
+                crate::tls::install_provider();
+            }
+            builder
+        }
+    };
+    builder.build()
 }

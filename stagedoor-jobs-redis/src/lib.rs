@@ -57,7 +57,11 @@ mod settle;
 mod startup;
 mod stats;
 mod stream;
+#[cfg(feature = "tls")]
+mod tls;
 mod value;
 
 pub use broker::{RedisBroker, RedisReceipt};
 pub use stream::Stream;
+#[cfg(feature = "tls")]
+pub use tls::Tls;

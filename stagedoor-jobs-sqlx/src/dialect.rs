@@ -19,7 +19,9 @@ use crate::broker::SqlxBroker;
 use crate::catalog::Layout;
 use crate::sql::Flavor;
 
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
 #[allow(unreachable_pub)]
@@ -250,9 +252,12 @@ pub(crate) mod sealed {
     }
 }
 
-/// The databases this backend speaks: `sqlx::Sqlite` and `sqlx::Postgres`.
+/// The databases this backend speaks: `sqlx::Sqlite` (feature `sqlite`, on by default) and
+/// `sqlx::Postgres` (feature `postgres`).
 pub trait Dialect: sealed::Driver {}
+#[cfg(feature = "sqlite")]
 impl Dialect for sqlx::Sqlite {}
+#[cfg(feature = "postgres")]
 impl Dialect for sqlx::Postgres {}
 
 /// Whether `e` is about reaching or using the database rather than about the statement: a
@@ -275,11 +280,20 @@ pub(crate) fn is_connection_error(e: &sqlx::Error) -> bool {
             }
             // SQLite reports its (extended) result code as a number: the primary code is the
             // low byte. 5 is SQLITE_BUSY, 6 SQLITE_LOCKED.
-            d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
-                && code.parse::<i64>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+            is_sqlite_error(&**d) && code.parse::<i64>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
         }
         _ => false,
     }
+}
+
+#[cfg(feature = "sqlite")]
+fn is_sqlite_error(d: &(dyn sqlx::error::DatabaseError + 'static)) -> bool {
+    d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn is_sqlite_error(_: &(dyn sqlx::error::DatabaseError + 'static)) -> bool {
+    false
 }
 
 /// A driver error as a [`BrokerError`]: [`BrokerError::Connection`] for what

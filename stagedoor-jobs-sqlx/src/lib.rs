@@ -42,6 +42,11 @@
 //! let broker = SqlxBroker::from_url("sqlite://mail.db?mode=rwc", SqlitePoolOptions::new());
 //! ```
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!(
+    "stagedoor-jobs-sqlx speaks no database: enable its feature `sqlite` (the default) or `postgres`, or both"
+);
+
 mod batch;
 mod broker;
 mod catalog;
