@@ -1,6 +1,28 @@
-//! The `stagedoor-jobs` command: arguments, the backend it points at, the commands and their
-//! output.
+//! # stagedoor-jobs-cli
 //!
+//! `stagedoor-jobs`: the operator's command for a stagedoor-jobs backend (Redis Streams,
+//! Postgres or SQLite). It lists the queues with their depths, reads the dead letters, replays
+//! or purges them after a fix, and serves the dashboard, without writing code.
+//!
+//! ```text
+//! cargo install stagedoor-jobs-cli            # or, from a clone: cargo install --path stagedoor-jobs-cli
+//! stagedoor-jobs --url redis://127.0.0.1:6379/ queues
+//! stagedoor-jobs --url sqlite://mail.db --table mail_jobs dead list emails
+//! stagedoor-jobs --url postgres://app@db/app --table mail_jobs dead replay emails --kind send
+//! stagedoor-jobs --url redis://127.0.0.1:6379/ dashboard --listen 127.0.0.1:8787
+//! ```
+//!
+//! Exit codes: 0 ok, 1 the operation failed (or partly), 2 usage error, 3 cannot connect (a
+//! bad URL, a server that is down, a table that is not a job table), 4 unknown queue, dead
+//! letter or table. `stagedoor-jobs --help` lists every command and option.
+//!
+//! The binary speaks every backend: Redis (a Redis Cluster when `--url` lists several
+//! `redis://` URLs separated by commas, `rediss://` for TLS), Postgres and SQLite.
+//!
+//! This library is the command itself ([`run`]), for embedding it in a binary of your own
+//! (`fn main() -> ExitCode { stagedoor_jobs_cli::run() }`); its parts are not a public API.
+//!
+//! ## Inside
 //! The commands are written once, generic over [`Broker`](stagedoor_jobs::Broker)
 //! (`commands.rs`); `backend.rs` turns `--url` (and for SQL `--table`, whose layout it reads
 //! from the database) into a connected broker; `output.rs` prints tables or JSON.
@@ -208,9 +230,10 @@ pub(crate) struct Select {
     pub(crate) all: bool,
 }
 
-/// Parses the arguments, runs the command, and returns its exit code; errors are one line on
-/// stderr.
-pub(crate) fn main() -> ExitCode {
+/// Parses the process's arguments, runs the command, and returns its exit code; errors are one
+/// line on stderr. It installs a panic hook (one line, never a backtrace) and a tracing
+/// subscriber for the command's own logs.
+pub fn run() -> ExitCode {
     // A bug must not print a backtrace at an operator either: one line, then exit 101.
     std::panic::set_hook(Box::new(|info| {
         let msg = info
@@ -249,7 +272,7 @@ pub(crate) fn main() -> ExitCode {
             return ExitCode::from(error::FAILED);
         }
     };
-    let result = runtime.block_on(run(cli));
+    let result = runtime.block_on(execute(cli));
     // Background tasks (a Postgres LISTEN connection) are not waited for.
     runtime.shutdown_background();
     match result {
@@ -275,7 +298,7 @@ fn init_logging() {
         .try_init();
 }
 
-async fn run(cli: Cli) -> Result<u8, Failure> {
+async fn execute(cli: Cli) -> Result<u8, Failure> {
     // The dashboard's address and secret are checked before connecting.
     let plan = match &cli.command {
         Command::Dashboard(args) => Some(dashboard::plan(args).await?),

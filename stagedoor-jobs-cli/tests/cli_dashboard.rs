@@ -6,6 +6,7 @@
 //!
 //! A missing `DATABASE_URL` fails the Postgres test (it is never skipped).
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
