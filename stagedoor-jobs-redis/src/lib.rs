@@ -1,3 +1,4 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! # stagedoor-jobs-redis
 //!
 //! The Redis Streams backend of stagedoor-jobs (seed 000): one stream per queue read by a
@@ -61,3 +62,16 @@ mod value;
 
 pub use broker::{RedisBroker, RedisReceipt};
 pub use stream::Stream;
+
+/// Everything a Redis worker needs: `use stagedoor_jobs_redis::prelude::*;`.
+///
+/// The core prelude, [`RedisBroker`], [`Stream`], and the traits a producer without a service
+/// calls: [`Inspect`](stagedoor_jobs::Inspect) (`connect()`),
+/// [`Broker`](stagedoor_jobs::Broker) and [`Publish`](stagedoor_jobs::Publish) (`publish_job`,
+/// `publish_jobs`).
+pub mod prelude {
+    pub use crate::{RedisBroker, Stream};
+    pub use stagedoor_jobs::prelude::*;
+    pub use stagedoor_jobs::{Broker, Inspect, Publish};
+    pub use std::time::Duration;
+}

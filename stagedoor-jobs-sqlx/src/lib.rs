@@ -1,3 +1,4 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! # stagedoor-jobs-sqlx
 //!
 //! The SQL backend of stagedoor-jobs: jobs are rows of a table whose struct carries
@@ -97,9 +98,14 @@ pub use stagedoor_jobs::Inbox;
 // pub use stagedoor_jobs_macros::Inbox; (derive: lands with the macro)
 
 /// Everything a mailer needs: `use stagedoor_jobs_sqlx::prelude::*;`.
+///
+/// Besides the core prelude it brings the traits a producer without a service calls:
+/// [`Inspect`](stagedoor_jobs::Inspect) (`connect()`), [`Broker`](stagedoor_jobs::Broker)
+/// and [`Publish`](stagedoor_jobs::Publish) (`publish_job`, `publish_jobs`).
 pub mod prelude {
     pub use crate::{Inbox, InboxQueue, SqlxBroker};
     pub use chrono::{DateTime, Utc};
     pub use stagedoor_jobs::prelude::*;
+    pub use stagedoor_jobs::{Broker, Inspect, Publish};
     pub use std::time::Duration;
 }

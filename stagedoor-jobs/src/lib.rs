@@ -1,3 +1,4 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! # stagedoor-jobs
 //!
 //! Background jobs for Rust services: handlers you annotate, retries with a backoff per mount,
