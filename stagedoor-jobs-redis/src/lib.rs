@@ -43,6 +43,19 @@
 //! workers go on draining it: on Redis 7 the scripts that settle, reclaim and move jobs run
 //! with `allow-oom`.
 
+/// Everything a Redis worker needs: `use stagedoor_jobs_redis::prelude::*;`.
+///
+/// The core prelude, [`RedisBroker`], [`Stream`], and the traits a producer without a service
+/// calls: [`Inspect`](stagedoor_jobs::Inspect) (`connect()`),
+/// [`Broker`](stagedoor_jobs::Broker) and [`Publish`](stagedoor_jobs::Publish) (`publish_job`,
+/// `publish_jobs`).
+pub mod prelude {
+    pub use crate::{RedisBroker, Stream};
+    pub use stagedoor_jobs::prelude::*;
+    pub use stagedoor_jobs::{Broker, Inspect, Publish};
+    pub use std::time::Duration;
+}
+
 mod activity;
 mod broker;
 mod claim;
@@ -63,15 +76,3 @@ mod value;
 pub use broker::{RedisBroker, RedisReceipt};
 pub use stream::Stream;
 
-/// Everything a Redis worker needs: `use stagedoor_jobs_redis::prelude::*;`.
-///
-/// The core prelude, [`RedisBroker`], [`Stream`], and the traits a producer without a service
-/// calls: [`Inspect`](stagedoor_jobs::Inspect) (`connect()`),
-/// [`Broker`](stagedoor_jobs::Broker) and [`Publish`](stagedoor_jobs::Publish) (`publish_job`,
-/// `publish_jobs`).
-pub mod prelude {
-    pub use crate::{RedisBroker, Stream};
-    pub use stagedoor_jobs::prelude::*;
-    pub use stagedoor_jobs::{Broker, Inspect, Publish};
-    pub use std::time::Duration;
-}
