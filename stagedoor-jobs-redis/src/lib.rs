@@ -75,4 +75,3 @@ mod value;
 
 pub use broker::{RedisBroker, RedisReceipt};
 pub use stream::Stream;
-
