@@ -21,23 +21,15 @@
 //! ```no_run
 //! use stagedoor_jobs_redis::prelude::*;
 //!
-//! #[derive(serde::Deserialize)]
-//! struct Email {
-//!     to: String,
-//! }
-//!
-//! #[derive(serde::Deserialize)]
-//! struct Order {
-//!     order_id: u64,
-//! }
-//!
-//! async fn send_email(email: &Email) -> HandlerOutcome {
-//!     println!("mail to {}", email.to);
+//! // A message is any `serde::Deserialize` type: a struct of yours, a `String`, JSON.
+//! async fn send_email(to: &String) -> HandlerOutcome {
+//!     println!("mail to {to}");
 //!     HandlerOutcome::ack()
 //! }
 //!
-//! async fn render_tickets(order: &Order) -> Result<(), std::io::Error> {
-//!     println!("tickets of order {}", order.order_id);
+//! /// Any JSON: a `serde_json::Value` takes what a typed message would.
+//! async fn render_tickets(order: &serde_json::Value) -> Result<(), std::io::Error> {
+//!     println!("tickets of order {}", order["order_id"]);
 //!     Ok(())
 //! }
 //!
@@ -72,15 +64,11 @@
 //! ```no_run
 //! use stagedoor_jobs_redis::prelude::*;
 //!
-//! #[derive(serde::Serialize)]
-//! struct Order {
-//!     order_id: u64,
-//! }
-//!
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! let broker = RedisBroker::from_url("redis://127.0.0.1:6379/").namespace("app1:");
 //! broker.connect().await?;
-//! let job = Job::new("jobs", &Order { order_id: 4471 })?
+//! // Any `serde::Serialize` payload; here JSON built in place.
+//! let job = Job::new("jobs", &serde_json::json!({ "order_id": 4471 }))?
 //!     .kind("render_tickets")
 //!     .request_id("7f3a9c2e");
 //! let published = broker.publish_job(job).await?;
