@@ -70,6 +70,8 @@
 //! ## A service
 //!
 //! ```no_run
+//! # #[cfg(feature = "sqlite")] // the examples are SQLite's
+//! # mod example {
 //! use sqlx::sqlite::SqlitePoolOptions;
 //! use stagedoor_jobs_sqlx::prelude::*;
 //!
@@ -119,6 +121,8 @@
 //!     .run()
 //!     .await?;
 //! # Ok(()) }
+//! # }
+//! # fn main() {}
 //! ```
 //!
 //! A subscriber on `InboxQueue::<SendMail>` can only be mounted on a route of `SendMail`'s table:
@@ -132,6 +136,8 @@
 //! of `Row` on every database (`SqlxRoute<Sqlite, Row>`, `SqlxRoute<Postgres, Row>`):
 //!
 //! ```no_run
+//! # #[cfg(feature = "sqlite")] // the examples are SQLite's
+//! # mod example {
 //! use sqlx::sqlite::SqlitePoolOptions;
 //! use stagedoor_jobs::{QueueFor, RouteBuilder};
 //! use stagedoor_jobs_sqlx::prelude::*;
@@ -169,6 +175,8 @@
 //!     let lite = SqlxBroker::from_url(url, SqlitePoolOptions::new());
 //!     app.with_broker(lite.route::<SendMail>("emails"), mount)
 //! }
+//! # }
+//! # fn main() {}
 //! ```
 //!
 //! ## Publishing
@@ -180,6 +188,8 @@
 //! [`Publish`](stagedoor_jobs::Publish), [`Broker`](stagedoor_jobs::Broker)):
 //!
 //! ```no_run
+//! # #[cfg(feature = "sqlite")] // the examples are SQLite's
+//! # mod example {
 //! use sqlx::sqlite::SqlitePool;
 //! use stagedoor_jobs_sqlx::prelude::*;
 //! # #[derive(Inbox)]
@@ -214,6 +224,8 @@
 //! route.publish_in(&mut *tx, Job::new("emails", &Mail { to: "ada@example.com".into() })?).await?;
 //! tx.commit().await?;
 //! # Ok(()) }
+//! # }
+//! # fn main() {}
 //! ```
 //!
 //! Postgres workers wake on `LISTEN/NOTIFY` (a connection of its own, outside the pool); SQLite
