@@ -1,3 +1,4 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! A web dashboard for stagedoor-jobs: the queues with their counts refreshed live and a chart
 //! of the last hour, the dead letters (read, filter, replay, purge), the schedules and delayed
 //! jobs, and the live workers. It works on every backend (anything that is

@@ -1,3 +1,4 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! Procedural macros of stagedoor-jobs. Use them through `stagedoor_jobs` (its prelude
 //! re-exports [`macro@subscriber`]); their expansions name `::stagedoor_jobs::__private`.
 //!

@@ -1,45 +1,63 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! # stagedoor-jobs
 //!
 //! Background jobs for Rust services: handlers you annotate, retries with a backoff per mount,
-//! caps and dead letters that contain poison jobs, a scheduler, and a harness to test it all,
-//! on Redis Streams (`stagedoor-jobs-redis`), an SQL table (`stagedoor-jobs-sqlx`, SQLite or
-//! Postgres) or in memory.
+//! caps and dead letters that contain poison jobs, a scheduler, health and metrics, and a
+//! harness to test it all, on Redis Streams (`stagedoor-jobs-redis`), an SQL table
+//! (`stagedoor-jobs-sqlx`, SQLite or Postgres) or in memory (feature `testing`).
 //!
 //! ```
 //! use stagedoor_jobs::prelude::*;
-//! # #[derive(serde::Deserialize)] struct Mail { to: String }
+//! use stagedoor_jobs::{Broker, RouteBuilder};
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Mail {
+//!     to: String,
+//! }
 //!
 //! #[subscriber("emails")]
 //! async fn send(mail: &Mail, Ctx(attempt): Ctx<keys::Attempt>) -> HandlerOutcome {
-//!     let _ = (&mail.to, attempt);
+//!     tracing::info!(to = %mail.to, ?attempt, "sending");
 //!     HandlerOutcome::ack()
 //! }
 //!
-//! # fn build() -> Service {
-//! let broker = MemoryBroker::new();
-//! Service::new(AppInfo::new("mailer", "0.1.0")).with_broker(broker, |b| {
+//! fn mount<B: Broker>(b: &mut RouteBuilder<B>) {
 //!     b.include(send).max_attempts(nonzero!(5u32)).dead_letter("emails.dead");
-//! })
-//! # }
+//! }
+//!
+//! /// The service on any backend: `RedisBroker`, an SQL table's route, or `MemoryBroker`.
+//! fn service<B: Broker>(broker: B) -> Service {
+//!     Service::new(AppInfo::new("mailer", "0.1.0")).with_broker(broker, mount)
+//! }
+//! // main: service(broker).run().await?  (until SIGINT/SIGTERM, then a graceful stop)
 //! ```
 //!
-//! ## Outcomes
+//! ## The guide
 //!
-//! | outcome | what happens |
-//! |---|---|
-//! | `ack()` | the job is done and leaves the queue |
-//! | `retry()` | a failed attempt: the job comes back after the mount's backoff (none declared: at once; a mount without a cap waits at least [`UNCAPPED_FLOOR`]) |
-//! | `retry_after(d)` | a failed attempt: the job comes back no earlier than now + d, durably |
-//! | `drop()` | done without success: leaves the queue as `ack` does, logged; no dead letter |
-//! | `Err(e)` returned | a failed attempt, like `retry()`, with `e` (and its source chain) kept as the error |
-//! | panic in the handler | caught: a failed attempt, with the panic message and location as error and traceback; the worker lives on |
-//! | payload does not decode | a failed attempt with a decoding error; `.on_decode_error(OnDecodeError::DeadLetter)` dead-letters at once |
+//! The [`guide`] module is the manual, one chapter per page:
 //!
-//! A failed attempt that reaches `max_attempts` is not retried: the job moves to its dead
-//! letter with everything it had plus the error, traceback, attempts and the time it failed.
-//! A mount without `max_attempts` never retries faster than [`UNCAPPED_FLOOR`] (1 s doubling
-//! to 60 s), whatever its backoff or the handler's `retry_after` asked: a job that always fails
-//! there costs a delivery a minute, not thousands a second.
+//! - [handlers and mounts](guide::handlers): the message, extractors (`Ctx`, `Data<T>`),
+//!   `#[subscriber]`, mount steps, a mount function generic over backends;
+//! - [outcomes](guide::outcomes): ack, retry, retry after, drop, errors and panics, caps, dead
+//!   letters, backoff;
+//! - [publishing](guide::publishing): jobs, request ids and traces, publishing with or without
+//!   a service;
+//! - [the scheduler](guide::scheduler): schedules, missed ticks, the keys and tables it writes;
+//! - [testing](guide::testing): `MemoryBroker` and `TestApp`;
+//! - [operations](guide::operations): health, metrics, the dead-letter alert, dead letters, the
+//!   command line.
+//!
+//! The backends' guides are their crates' front pages: `stagedoor-jobs-sqlx` (job tables,
+//! `#[derive(Inbox)]`, SQLite and Postgres) and `stagedoor-jobs-redis` (streams, keys, Cluster,
+//! TLS).
+//!
+//! ## Cargo features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `testing` | no | `MemoryBroker` and `TestApp`, for your tests |
+//! | `conformance` | no | the suite every backend runs (`conformance_tests!`) |
+//! | `opentelemetry` | no | a publish injects the current span's W3C trace context (`traceparent`, `tracestate`) into the job's headers; the job's span takes it as its parent (`tracing-opentelemetry`) |
 //!
 //! ## No silent stop
 //!
@@ -62,6 +80,7 @@ mod clock;
 mod counters;
 mod envelope;
 mod extract;
+pub mod guide;
 mod handler;
 mod health;
 pub mod inbox;
