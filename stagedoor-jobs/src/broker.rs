@@ -566,14 +566,16 @@ type Batch = Vec<(Envelope, Option<DateTime<Utc>>)>;
 /// ([`Inspect::connect`]), then publish [`Job`](crate::Job)s one at a time or in batches.
 ///
 /// ```no_run
-/// # async fn f(broker: stagedoor_jobs::MemoryBroker) -> Result<(), Box<dyn std::error::Error>> {
 /// use stagedoor_jobs::broker::{Inspect, Publish};
 /// use stagedoor_jobs::Job;
-/// broker.connect().await?;
-/// let jobs = (0..1000).map(|n| Job::new("emails", &n)).collect::<Result<Vec<_>, _>>()?;
-/// let published = broker.publish_jobs(jobs).await?; // one round trip per queue
-/// assert!(published.iter().all(|p| p.is_stored()));
-/// # Ok(()) }
+///
+/// async fn enqueue(broker: &impl Publish) -> Result<(), Box<dyn std::error::Error>> {
+///     broker.connect().await?;
+///     let jobs = (0..1000).map(|n| Job::new("emails", &n)).collect::<Result<Vec<_>, _>>()?;
+///     let published = broker.publish_jobs(jobs).await?; // one round trip per queue
+///     assert!(published.iter().all(|p| p.is_stored()));
+///     Ok(())
+/// }
 /// ```
 pub trait Publish: Broker {
     /// Publishes one job now, at its time or after its delay; returns its id as stored and

@@ -45,9 +45,9 @@ type Hook = Box<dyn FnOnce() -> BoxFuture<'static, Result<(), BoxError>> + Send>
 /// ```no_run
 /// # use stagedoor_jobs::prelude::*;
 /// # async fn send(_: &String) -> HandlerOutcome { HandlerOutcome::ack() }
-/// # async fn main_() -> Result<(), stagedoor_jobs::ServiceError> {
+/// # async fn main_<B: stagedoor_jobs::Broker>(broker: B) -> Result<(), stagedoor_jobs::ServiceError> {
 /// Service::new(AppInfo::new("mailer", "0.1.0"))
-///     .with_broker(MemoryBroker::new(), |b| {
+///     .with_broker(broker, |b| {
 ///         b.include(Subscriber::new("emails", send))
 ///             .max_attempts(nonzero!(5u32))
 ///             .dead_letter("emails.dead");
