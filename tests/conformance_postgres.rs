@@ -93,4 +93,7 @@ impl Fixture for PostgresFixture {
     }
 }
 
-stagedoor_jobs::conformance_tests!(PostgresFixture);
+stagedoor_jobs::conformance_tests!(
+    PostgresFixture,
+    #[cfg_attr(not(stagedoor_postgres), ignore = "needs Postgres: run scripts/test-all")]
+);

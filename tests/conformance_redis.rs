@@ -94,7 +94,10 @@ impl Fixture for Standalone {
     }
 }
 
-stagedoor_jobs::conformance_tests!(Standalone);
+stagedoor_jobs::conformance_tests!(
+    Standalone,
+    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+);
 
 mod cluster {
     use super::*;
@@ -129,5 +132,8 @@ mod cluster {
         }
     }
 
-    stagedoor_jobs::conformance_tests!(Cluster);
+    stagedoor_jobs::conformance_tests!(
+        Cluster,
+        #[cfg_attr(not(stagedoor_cluster), ignore = "needs a Redis Cluster: run scripts/test-all")]
+    );
 }

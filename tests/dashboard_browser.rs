@@ -3,8 +3,8 @@
 //! backend (SQLite through the sqlx backend with the conformance table, Redis).
 //!
 //! `scripts/test-all` installs Debian's `chromium` and `chromium-driver` and exports
-//! `STAGEDOOR_CHROMEDRIVER` and `STAGEDOOR_CHROMIUM`; a test without them FAILS (it is never
-//! skipped), as do the tests without their server's URL. Screenshots of each page are saved
+//! `STAGEDOOR_CHROMEDRIVER` and `STAGEDOOR_CHROMIUM`; under `scripts/test-all` a test without them
+//! FAILS, as do the tests without their server's URL (a plain `cargo test` lists them as ignored). Screenshots of each page are saved
 //! under `target/dashboard-screenshots/` (`$CARGO_TARGET_DIR` when set).
 
 mod common;
@@ -507,6 +507,10 @@ async fn queues_page_shows_the_counts<B: Broker>(broker: B) -> Browser {
     browser
 }
 
+#[cfg_attr(
+    not(stagedoor_browser),
+    ignore = "needs Chromium: run scripts/test-all"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_page_shows_the_counts_of_sqlite() {
     let _one = SERIAL.lock().await;
@@ -516,6 +520,10 @@ async fn queues_page_shows_the_counts_of_sqlite() {
     browser.close().await;
 }
 
+#[cfg_attr(
+    not(all(stagedoor_redis, stagedoor_browser)),
+    ignore = "needs Redis and Chromium: run scripts/test-all"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_page_shows_the_counts_of_redis() {
     let _one = SERIAL.lock().await;
@@ -531,6 +539,10 @@ async fn queues_page_shows_the_counts_of_redis() {
 /// From the dead-letter page: open the dead letter, press a kind's "Replay kind", read the
 /// confirmation (40 jobs), confirm; the backend then holds 3 dead letters and 40 more jobs in
 /// the queue.
+#[cfg_attr(
+    not(stagedoor_browser),
+    ignore = "needs Chromium: run scripts/test-all"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_a_kind_from_the_dead_letter_page() {
     let _one = SERIAL.lock().await;
@@ -599,6 +611,10 @@ async fn replay_a_kind_from_the_dead_letter_page() {
 
 /// A payload holding `<script>` (and an error holding an `onerror` attribute) is shown as
 /// text on the dead letter's page and in the list; neither runs.
+#[cfg_attr(
+    not(stagedoor_browser),
+    ignore = "needs Chromium: run scripts/test-all"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_in_a_payload_shows_as_text() {
     const SCRIPT: &str = "<script>window.__pwned = 1</script>";
@@ -676,6 +692,10 @@ async fn a_script_in_a_payload_shows_as_text() {
 /// A worker's report through Redis shows on the workers page (host, pid, service, queues,
 /// jobs in flight), its schedule on the scheduled page with the queue's delayed jobs, and its
 /// per-minute counts in the queues page's chart. Saves the screenshots of those pages.
+#[cfg_attr(
+    not(all(stagedoor_redis, stagedoor_browser)),
+    ignore = "needs Redis and Chromium: run scripts/test-all"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_schedules_and_the_chart_from_redis_reports() {
     let _one = SERIAL.lock().await;

@@ -327,6 +327,10 @@ async fn publish_in_reports_duplicates() {
     publish_in_reports_duplicates_sqlite().await;
 }
 
+#[cfg_attr(
+    not(stagedoor_postgres),
+    ignore = "needs Postgres: run scripts/test-all"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_in_returns_the_row_id() {
     publish_in_returns_the_row_id_postgres().await;

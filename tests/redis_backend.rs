@@ -1506,6 +1506,7 @@ impl Drop for OwnServer {
 
 /// The server is killed and restarted under a running worker (without persistence its jobs
 /// are lost with it); the worker reconnects and runs the jobs published after the restart.
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_worker_lives_on_through_a_server_restart() {
     let _ = env_url("REDIS_URL"); // runs under scripts/test-all, which puts redis-server on PATH
@@ -1607,6 +1608,7 @@ async fn a_malformed_url_fails_start_naming_the_expected_form() {
     );
 }
 
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
 #[tokio::test]
 async fn a_dead_letter_that_is_not_the_dead_stream_refuses_to_start() {
     let broker = RedisBroker::from_url(env_url("REDIS_URL")).namespace(fresh_namespace());
@@ -1636,6 +1638,7 @@ macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod standalone {
             $(
+                #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     super::$name(super::On::Standalone).await;
@@ -1644,6 +1647,7 @@ macro_rules! on_both {
         }
         mod cluster {
             $(
+                #[cfg_attr(not(stagedoor_cluster), ignore = "needs a Redis Cluster: run scripts/test-all")]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     super::$name(super::On::Cluster).await;
@@ -1773,11 +1777,16 @@ async fn a_batch_of_many_calls_arrives_exactly_once(on: On) {
 }
 
 mod batches {
+    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn standalone() {
         super::a_batch_of_many_calls_arrives_exactly_once(super::On::Standalone).await;
     }
 
+    #[cfg_attr(
+        not(stagedoor_cluster),
+        ignore = "needs a Redis Cluster: run scripts/test-all"
+    )]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn cluster() {
         super::a_batch_of_many_calls_arrives_exactly_once(super::On::Cluster).await;

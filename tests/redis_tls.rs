@@ -43,6 +43,10 @@ fn service(broker: RedisBroker, seen: &Seen) -> Service {
         })
 }
 
+#[cfg_attr(
+    not(stagedoor_redis_tls),
+    ignore = "needs a Redis with TLS: run scripts/test-all"
+)]
 #[tokio::test]
 async fn jobs_run_over_tls_with_a_private_authority() {
     let broker =
@@ -74,6 +78,10 @@ async fn jobs_run_over_tls_with_a_private_authority() {
     running.shutdown().await;
 }
 
+#[cfg_attr(
+    not(stagedoor_redis_tls),
+    ignore = "needs a Redis with TLS: run scripts/test-all"
+)]
 #[tokio::test]
 async fn an_untrusted_server_certificate_fails_start_in_one_line() {
     // The machine's store does not hold the test authority.

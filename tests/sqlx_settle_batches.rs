@@ -2,7 +2,8 @@
 //! letters queued together, one transaction): each reply still tells about its own row, each
 //! row stays fenced on its lease, and two settlements of one row (a delivery that lost its
 //! lease and the one that took the row over) in one batch are told apart. On SQLite and
-//! Postgres; Postgres reads `DATABASE_URL` (a missing URL is a failure, never a skip).
+//! Postgres; Postgres reads `DATABASE_URL` (under `scripts/test-all` a missing URL is a failure; a plain
+//! `cargo test` without it lists the test as ignored).
 
 mod common;
 

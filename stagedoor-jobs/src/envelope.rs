@@ -258,9 +258,13 @@ impl Job {
         &self.envelope
     }
 
-    /// Splits the job for a broker, stamping the enqueue time with the broker's clock.
+    /// Splits the job for a broker, stamping the enqueue time with the broker's clock. With
+    /// the `opentelemetry` feature it also writes the current span's trace context into the
+    /// headers (`traceparent`, `tracestate`; see [`otel`](crate::otel)), unless they hold one.
     pub fn into_parts(mut self, now: DateTime<Utc>) -> (String, Envelope, Option<DateTime<Utc>>) {
         self.envelope.enqueued_at = now;
+        #[cfg(feature = "opentelemetry")]
+        crate::otel::inject(&mut self.envelope.headers);
         let at = self.run_at.resolve(now);
         (self.queue, self.envelope, at)
     }

@@ -86,6 +86,8 @@ mod health;
 pub mod inbox;
 mod monitor;
 mod mount;
+#[cfg(feature = "opentelemetry")]
+pub mod otel;
 mod outcome;
 mod panic;
 mod report;

@@ -40,7 +40,8 @@ impl ConnectionLike for Raw {
     }
 }
 
-/// The URL in `var`; a missing one fails the test (it is never skipped).
+/// The URL in `var`; a missing one fails the test (a plain `cargo test` without it compiles the
+/// test as ignored, unless `STAGEDOOR_TEST_SERVERS` is set, as under `scripts/test-all`).
 pub(crate) fn env_url(var: &str) -> String {
     match std::env::var(var) {
         Ok(u) if !u.is_empty() => u,

@@ -39,6 +39,8 @@ impl<B: Broker> Worker<B> {
             trace = env.headers().trace.as_deref().unwrap_or(""),
             subscriber = tracing::field::Empty,
         );
+        #[cfg(feature = "opentelemetry")]
+        crate::otel::set_parent(&span, env.headers());
         async {
             let Some(mount) = self.mount_for(env.kind()) else {
                 let target = self.broker.default_dead_letter(&self.queue.name);
