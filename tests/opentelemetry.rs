@@ -2,24 +2,26 @@
 //! span's trace in its handler. A tracing subscriber with the `tracing-opentelemetry` layer
 //! over an in-memory exporter records every span; a `request` span publishes a job, and the
 //! worker's `job` span must be its child (same trace id, parent span id = the request's), on
-//! the memory broker and on SQLite (where the `traceparent` header goes through a table's
-//! `headers` column). A job published outside any span starts a trace of its own.
+//! the memory broker, SQLite and Postgres (where the `traceparent` header goes through a
+//! table's `headers` column) and Redis (an entry's `h.traceparent` field). A job published
+//! outside any span starts a trace of its own.
 
 mod common;
+#[allow(dead_code)]
+mod common_redis;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use common::{ConfRow, SQLITE_CONF_SCHEMA, fresh_sqlite_url};
+use common::{ConfRow, Db, Lite, Pg, conf_ddl};
+use common_redis::{env_url, fresh_namespace};
 use opentelemetry::trace::{SpanId, TraceContextExt, TraceId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use serde::{Deserialize, Serialize};
-use sqlx::Connection;
-use sqlx::sqlite::SqlitePoolOptions;
 use stagedoor_jobs::otel::TRACEPARENT;
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{Broker, FromJob, Publish};
-use stagedoor_jobs_sqlx::SqlxBroker;
+use stagedoor_jobs_redis::RedisBroker;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
@@ -169,17 +171,25 @@ async fn memory_broker_continues_the_publishers_trace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_continues_the_publishers_trace() {
-    let url = fresh_sqlite_url("otel");
-    let mut conn = sqlx::SqliteConnection::connect(&url)
-        .await
-        .expect("create the database");
-    sqlx::raw_sql(SQLITE_CONF_SCHEMA)
-        .execute(&mut conn)
-        .await
-        .expect("create the table");
-    conn.close().await.expect("close");
-    let route = SqlxBroker::from_url(url, SqlitePoolOptions::new())
-        .poll_interval(Duration::from_millis(20))
-        .route::<ConfRow>("cf");
+    let db = Lite::fresh("otel", conf_ddl::<Lite>()).await;
+    let route = Lite::route::<ConfRow>(&db.broker(), "cf");
     continues_the_trace("sqlite", route.clone(), route).await;
+}
+
+#[cfg_attr(
+    not(stagedoor_postgres),
+    ignore = "needs Postgres: run scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_continues_the_publishers_trace() {
+    let db = Pg::fresh("otel", conf_ddl::<Pg>()).await;
+    let route = Pg::route::<ConfRow>(&db.broker(), "cf");
+    continues_the_trace("postgres", route.clone(), route).await;
+}
+
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_continues_the_publishers_trace() {
+    let broker = RedisBroker::from_url(env_url("REDIS_URL")).namespace(fresh_namespace("otel-"));
+    continues_the_trace("redis", broker.clone(), broker).await;
 }
