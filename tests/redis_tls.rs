@@ -1,8 +1,10 @@
 //! `rediss://` end to end (feature `tls` of stagedoor-jobs-redis), against the Redis that
 //! `scripts/test-all` starts serving TLS only (`REDIS_TLS_URL`), with a certificate authority
-//! of its own (`STAGEDOOR_REDIS_TLS_CA`, a PEM file): a broker trusting that authority runs
-//! jobs; one trusting only the machine's store is refused at start, in one line; certificates
-//! given for a plain `redis://` URL are refused naming `rediss://`.
+//! of its own (`STAGEDOOR_REDIS_TLS_CA`, a PEM file) and requiring a client certificate signed
+//! by it (`STAGEDOOR_REDIS_TLS_CLIENT_CERT`, `_KEY`): a broker trusting that authority and
+//! presenting that certificate runs jobs; one trusting only the machine's store, and one
+//! presenting no certificate, are refused at start, in one line. (Certificates given for a
+//! plain `redis://` URL are refused naming `rediss://`: a unit test of the crate.)
 
 #[allow(dead_code)]
 mod common_redis;
@@ -28,9 +30,35 @@ async fn send(mail: &Mail, Data(seen): Data<Seen>) -> HandlerOutcome {
     HandlerOutcome::ack()
 }
 
-fn ca() -> Vec<u8> {
-    let path = env_url("STAGEDOOR_REDIS_TLS_CA");
-    std::fs::read(&path).unwrap_or_else(|e| panic!("the CA {path}: {e}"))
+/// The PEM file whose path is in `var`.
+fn pem(var: &str) -> Vec<u8> {
+    let path = env_url(var);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{var} = {path}: {e}"))
+}
+
+/// The test authority and the client certificate the server requires.
+fn tls() -> Tls {
+    Tls::new()
+        .root_cert(pem("STAGEDOOR_REDIS_TLS_CA"))
+        .client_cert(
+            pem("STAGEDOOR_REDIS_TLS_CLIENT_CERT"),
+            pem("STAGEDOOR_REDIS_TLS_CLIENT_KEY"),
+        )
+}
+
+/// Starting `broker`'s service fails; the error, which must be one line.
+async fn refused(broker: RedisBroker) -> String {
+    let seen = Seen::default();
+    let err =
+        match tokio::time::timeout(Duration::from_secs(60), service(broker, &seen).start()).await {
+            Ok(Ok(_)) => panic!("the server must refuse this broker"),
+            Ok(Err(e)) => e,
+            Err(_) => panic!("start neither failed nor succeeded within 60 s"),
+        };
+    let text = err.to_string();
+    assert!(matches!(err, ServiceError::Connect { .. }), "{err:?}");
+    assert!(!text.contains('\n'), "one line: {text:?}");
+    text
 }
 
 fn service(broker: RedisBroker, seen: &Seen) -> Service {
@@ -49,9 +77,8 @@ fn service(broker: RedisBroker, seen: &Seen) -> Service {
 )]
 #[tokio::test]
 async fn jobs_run_over_tls_with_a_private_authority() {
-    let broker =
-        RedisBroker::from_url_with_tls(env_url("REDIS_TLS_URL"), Tls::new().root_cert(ca()))
-            .namespace(fresh_namespace("tls-"));
+    let broker = RedisBroker::from_url_with_tls(env_url("REDIS_TLS_URL"), tls())
+        .namespace(fresh_namespace("tls-"));
     let seen = Seen::default();
     let running = service(broker, &seen)
         .start()
@@ -85,19 +112,29 @@ async fn jobs_run_over_tls_with_a_private_authority() {
 #[tokio::test]
 async fn an_untrusted_server_certificate_fails_start_in_one_line() {
     // The machine's store does not hold the test authority.
-    let broker = RedisBroker::from_url(env_url("REDIS_TLS_URL")).namespace(fresh_namespace("tls-"));
-    let seen = Seen::default();
-    let err =
-        match tokio::time::timeout(Duration::from_secs(60), service(broker, &seen).start()).await {
-            Ok(Ok(_)) => panic!("a server signed by an unknown authority must be refused"),
-            Ok(Err(e)) => e,
-            Err(_) => panic!("start neither failed nor succeeded within 60 s"),
-        };
-    let text = err.to_string();
-    assert!(matches!(err, ServiceError::Connect { .. }), "{err:?}");
-    assert!(!text.contains('\n'), "one line: {text:?}");
+    let text =
+        refused(RedisBroker::from_url(env_url("REDIS_TLS_URL")).namespace(fresh_namespace("tls-")))
+            .await;
     assert!(
         text.to_lowercase().contains("certificate"),
         "says why: {text}"
+    );
+}
+
+#[cfg_attr(
+    not(stagedoor_redis_tls),
+    ignore = "needs a Redis with TLS: run scripts/test-all"
+)]
+#[tokio::test]
+async fn no_client_certificate_fails_start_in_one_line() {
+    let trusting = Tls::new().root_cert(pem("STAGEDOOR_REDIS_TLS_CA"));
+    let text = refused(
+        RedisBroker::from_url_with_tls(env_url("REDIS_TLS_URL"), trusting)
+            .namespace(fresh_namespace("tls-")),
+    )
+    .await;
+    assert!(
+        text.contains("rediss://127.0.0.1"),
+        "names the server: {text}"
     );
 }
