@@ -25,8 +25,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport};
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo, Problem,
-    Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
+    Broker, BrokerError, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo, Permits,
+    Problem, Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
 };
 use stagedoor_jobs::{Activity, Clock, Envelope};
 use tokio::sync::OnceCell;
@@ -483,6 +483,29 @@ impl Locks for RedisBroker {
 
     async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
         self.unlock(key, token).await
+    }
+
+    async fn take_permits(
+        &self,
+        key: &str,
+        limit: u32,
+        tokens: &[String],
+        ttl: Duration,
+    ) -> Result<Permits, BrokerError> {
+        self.take_permits(key, limit, tokens, ttl).await
+    }
+
+    async fn renew_permits(
+        &self,
+        key: &str,
+        tokens: &[String],
+        ttl: Duration,
+    ) -> Result<usize, BrokerError> {
+        self.renew_permits(key, tokens, ttl).await
+    }
+
+    async fn release_permits(&self, key: &str, tokens: &[String]) -> Result<(), BrokerError> {
+        self.release_permits(key, tokens).await
     }
 }
 

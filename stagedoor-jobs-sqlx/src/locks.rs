@@ -5,19 +5,22 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::BrokerError;
+use stagedoor_jobs::broker::Permits;
 
 use crate::dialect::sealed::{Driver, Value};
-use crate::dialect::{acquire, db_err};
+use crate::dialect::{Dialect, acquire, db_err};
 
 /// The bookkeeping tables of this backend, created on first use: `stagedoor_locks` (a row per
 /// lock: scheduler ticks, with its owner's token and expiry), `stagedoor_schedules` (each
 /// schedule's latest enqueued tick), `stagedoor_workers` (each worker's last report, JSON, until
-/// it expires) and `stagedoor_minutes` (each queue's counts per minute; see
-/// `route/activity.rs`).
+/// it expires), `stagedoor_minutes` (each queue's counts per minute; see `route/activity.rs`)
+/// and `stagedoor_permits` (the permit pools of the global limits: a row per permit held,
+/// until it runs out; see [`take_permits`]).
 const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
 CREATE TABLE IF NOT EXISTS stagedoor_schedules (schedule TEXT PRIMARY KEY, last_tick TIMESTAMPTZ NOT NULL);
 CREATE TABLE IF NOT EXISTS stagedoor_workers (worker_id TEXT PRIMARY KEY, report TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE IF NOT EXISTS stagedoor_minutes (queue TEXT NOT NULL, minute TIMESTAMPTZ NOT NULL, processed BIGINT NOT NULL, failed BIGINT NOT NULL, dead BIGINT NOT NULL, PRIMARY KEY (queue, minute))";
+CREATE TABLE IF NOT EXISTS stagedoor_minutes (queue TEXT NOT NULL, minute TIMESTAMPTZ NOT NULL, processed BIGINT NOT NULL, failed BIGINT NOT NULL, dead BIGINT NOT NULL, PRIMARY KEY (queue, minute));
+CREATE TABLE IF NOT EXISTS stagedoor_permits (pool TEXT NOT NULL, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (pool, token))";
 
 /// Takes lock `$1` for token `$2` until `$3`: a new row, or one whose `until_at` has passed
 /// (`$4` is now). Changes one row when taken.
@@ -86,4 +89,132 @@ pub(crate) async fn take_lock<DB: Driver>(
         .await
         .map_err(db_err)?;
     Ok(n == 1)
+}
+
+/// Drops pool `$1`'s permits past their time (`$2` is now). The first statement of a take: on
+/// SQLite it takes the write lock, so the count below cannot change before the insert.
+const DROP_OLD_PERMITS: &str = "DELETE FROM stagedoor_permits WHERE pool = $1 AND until_at <= $2";
+
+/// How many permits pool `$1` holds.
+const COUNT_PERMITS: &str = "SELECT count(*) FROM stagedoor_permits WHERE pool = $1";
+
+/// When pool `$1`'s first permit runs out.
+const FIRST_PERMIT: &str =
+    "SELECT until_at FROM stagedoor_permits WHERE pool = $1 ORDER BY until_at LIMIT 1";
+
+/// Adds permit `$2` to pool `$1` until `$3`.
+const ADD_PERMIT: &str =
+    "INSERT INTO stagedoor_permits (pool, token, until_at) VALUES ($1, $2, $3)";
+
+/// The most tokens one renewal or release statement names.
+const TOKENS_PER_STATEMENT: usize = 500;
+
+/// [`Locks::take_permits`](stagedoor_jobs::broker::Locks::take_permits) on SQL: in one
+/// transaction serialised per pool (Postgres: an advisory lock on the pool's name; SQLite: the
+/// write lock its first statement takes), drops the permits past their time, counts the rest
+/// and adds as many of `tokens` as the limit leaves room for.
+pub(crate) async fn take_permits<DB: Dialect>(
+    pool: &sqlx::Pool<DB>,
+    key: &str,
+    limit: u32,
+    tokens: &[String],
+    now: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Result<Permits, BrokerError> {
+    let mut conn = acquire(pool).await?;
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
+    DB::lock_fifo_group(&mut tx, format!("stagedoor_permits:{key}")).await?;
+    let name = || Value::Text(Some(key.to_owned()));
+    DB::run(
+        &mut tx,
+        DROP_OLD_PERMITS.to_owned(),
+        vec![name(), Value::Time(Some(now))],
+    )
+    .await
+    .map_err(db_err)?;
+    let rows = DB::fetch(&mut tx, COUNT_PERMITS.to_owned(), vec![name()])
+        .await
+        .map_err(db_err)?;
+    let held = match rows.first() {
+        Some(row) => DB::int(row, 0).map_err(db_err)?.unwrap_or(0),
+        None => 0,
+    };
+    let free = usize::try_from(i64::from(limit) - held).unwrap_or(0);
+    let taken = free.min(tokens.len());
+    for t in &tokens[..taken] {
+        let binds = vec![
+            name(),
+            Value::Text(Some(t.clone())),
+            Value::Time(Some(until)),
+        ];
+        DB::run(&mut tx, ADD_PERMIT.to_owned(), binds)
+            .await
+            .map_err(db_err)?;
+    }
+    let mut next_free = None;
+    if taken == 0 && !tokens.is_empty() {
+        let rows = DB::fetch(&mut tx, FIRST_PERMIT.to_owned(), vec![name()])
+            .await
+            .map_err(db_err)?;
+        if let Some(row) = rows.first()
+            && let Some(first) = DB::time(row, 0).map_err(db_err)?
+        {
+            next_free = Some((first - now).to_std().unwrap_or_default());
+        }
+    }
+    tx.commit().await.map_err(db_err)?;
+    Ok(Permits { taken, next_free })
+}
+
+/// The placeholders of `n` tokens from `$first` on.
+fn token_list(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// [`Locks::renew_permits`](stagedoor_jobs::broker::Locks::renew_permits) on SQL.
+pub(crate) async fn renew_permits<DB: Dialect>(
+    pool: &sqlx::Pool<DB>,
+    key: &str,
+    tokens: &[String],
+    now: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Result<usize, BrokerError> {
+    let mut held = 0;
+    for chunk in tokens.chunks(TOKENS_PER_STATEMENT) {
+        let sql = format!(
+            "UPDATE stagedoor_permits SET until_at = $1 WHERE pool = $2 AND until_at > $3 AND token IN ({})",
+            token_list(4, chunk.len())
+        );
+        let mut binds = vec![
+            Value::Time(Some(until)),
+            Value::Text(Some(key.to_owned())),
+            Value::Time(Some(now)),
+        ];
+        binds.extend(chunk.iter().map(|t| Value::Text(Some(t.clone()))));
+        let mut conn = acquire(pool).await?;
+        held += DB::run(&mut conn, sql, binds).await.map_err(db_err)? as usize;
+    }
+    Ok(held)
+}
+
+/// [`Locks::release_permits`](stagedoor_jobs::broker::Locks::release_permits) on SQL.
+pub(crate) async fn release_permits<DB: Dialect>(
+    pool: &sqlx::Pool<DB>,
+    key: &str,
+    tokens: &[String],
+) -> Result<(), BrokerError> {
+    for chunk in tokens.chunks(TOKENS_PER_STATEMENT) {
+        let sql = format!(
+            "DELETE FROM stagedoor_permits WHERE pool = $1 AND token IN ({})",
+            token_list(2, chunk.len())
+        );
+        let mut binds = vec![Value::Text(Some(key.to_owned()))];
+        binds.extend(chunk.iter().map(|t| Value::Text(Some(t.clone()))));
+        let mut conn = acquire(pool).await?;
+        DB::run(&mut conn, sql, binds).await.map_err(db_err)?;
+    }
+    Ok(())
 }

@@ -107,8 +107,8 @@ pub mod testing;
 
 pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate, UNCAPPED_FLOOR};
 pub use broker::{
-    Activity, Broker, BrokerError, DeadLetter, DeadLetters, DeadSelector, Inspect, Locks, Publish,
-    Published, QueueStats, ReplayReport,
+    Activity, Broker, BrokerError, DeadLetter, DeadLetters, DeadSelector, Inspect, Locks, Permits,
+    Publish, Published, QueueStats, ReplayReport,
 };
 pub use clock::{Clock, SYNC_EVERY};
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt};

@@ -14,8 +14,8 @@ use crate::activity::{
 };
 use crate::broker::Activity;
 use crate::broker::{
-    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Problem, Published,
-    QueueStats, ReplayReport, Settled, Settlement,
+    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Permits, Problem,
+    Published, QueueStats, ReplayReport, Settled, Settlement,
 };
 use crate::broker::{DeadLetters, Inspect, Locks};
 use crate::clock::{Clock, chrono_duration};
@@ -43,6 +43,8 @@ struct Inner {
 struct Mem {
     queues: HashMap<String, MemQueue>,
     locks: HashMap<String, (String, DateTime<Utc>)>,
+    /// Permit pools: each held token with when it runs out.
+    permits: HashMap<String, HashMap<String, DateTime<Utc>>>,
     ticks: HashMap<String, DateTime<Utc>>,
     seq: u64,
     /// Workers' last reports, with when each expires.
@@ -467,6 +469,67 @@ impl Locks for MemoryBroker {
         let mut mem = self.mem();
         if mem.locks.get(key).is_some_and(|(t, _)| t == token) {
             mem.locks.remove(key);
+        }
+        Ok(())
+    }
+
+    async fn take_permits(
+        &self,
+        key: &str,
+        limit: u32,
+        tokens: &[String],
+        ttl: Duration,
+    ) -> Result<Permits, BrokerError> {
+        let now = self.now();
+        let mut mem = self.mem();
+        let pool = mem.permits.entry(key.to_owned()).or_default();
+        pool.retain(|_, until| *until > now);
+        let free = (limit as usize).saturating_sub(pool.len());
+        let taken = free.min(tokens.len());
+        let until = now + crate::broker::chrono_duration(ttl);
+        for t in &tokens[..taken] {
+            pool.insert(t.clone(), until);
+        }
+        let next_free = if taken == 0 {
+            pool.values()
+                .min()
+                .and_then(|first| (*first - now).to_std().ok())
+        } else {
+            None
+        };
+        Ok(Permits { taken, next_free })
+    }
+
+    async fn renew_permits(
+        &self,
+        key: &str,
+        tokens: &[String],
+        ttl: Duration,
+    ) -> Result<usize, BrokerError> {
+        let now = self.now();
+        let until = now + crate::broker::chrono_duration(ttl);
+        let mut mem = self.mem();
+        let Some(pool) = mem.permits.get_mut(key) else {
+            return Ok(0);
+        };
+        let mut held = 0;
+        for t in tokens {
+            if let Some(u) = pool.get_mut(t)
+                && *u > now
+            {
+                *u = until;
+                held += 1;
+            }
+        }
+        Ok(held)
+    }
+
+    async fn release_permits(&self, key: &str, tokens: &[String]) -> Result<(), BrokerError> {
+        let mut mem = self.mem();
+        if let Some(pool) = mem.permits.get_mut(key) {
+            for t in tokens {
+                pool.remove(t);
+            }
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 use std::marker::PhantomData;
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::backoff::{Backoff, Immediate};
 use crate::broker::Broker;
@@ -41,6 +42,8 @@ pub(crate) struct MountSpec {
     pub(crate) backoff: Arc<dyn Backoff>,
     pub(crate) concurrency: usize,
     pub(crate) on_decode_error: OnDecodeError,
+    pub(crate) global_concurrency: Option<u32>,
+    pub(crate) rate_limit: Option<(u32, Duration)>,
 }
 
 /// The subscribers mounted on one broker; [`Service::with_broker`](crate::Service::with_broker)
@@ -77,6 +80,8 @@ impl<B: Broker> RouteBuilder<B> {
             backoff: Arc::new(Immediate),
             concurrency: DEFAULT_CONCURRENCY,
             on_decode_error: OnDecodeError::Retry,
+            global_concurrency: None,
+            rate_limit: None,
         });
         Mount {
             route: self,
@@ -115,6 +120,12 @@ pub mod steps {
     /// `.on_decode_error(..)`
     #[derive(Debug)]
     pub struct OnDecodeError;
+    /// `.global_concurrency(..)`
+    #[derive(Debug)]
+    pub struct GlobalConcurrency;
+    /// `.rate_limit(..)`
+    #[derive(Debug)]
+    pub struct RateLimit;
 }
 
 /// Holds for a step that a mount has not declared yet.
@@ -127,17 +138,18 @@ pub trait Undeclared<Step> {}
 impl<Step> Undeclared<Step> for Unset {}
 
 /// One mounted subscriber being configured. Each method is a step that may be declared once.
-pub struct Mount<'r, B, C = Unset, D = Unset, P = Unset, N = Unset, E = Unset> {
+pub struct Mount<'r, B, C = Unset, D = Unset, P = Unset, N = Unset, E = Unset, G = Unset, R = Unset>
+{
     route: &'r mut RouteBuilder<B>,
     idx: usize,
-    _steps: PhantomData<(C, D, P, N, E)>,
+    _steps: PhantomData<(C, D, P, N, E, G, R)>,
 }
 
-impl<'r, B, C, D, P, N, E> Mount<'r, B, C, D, P, N, E> {
+impl<'r, B, C, D, P, N, E, G, R> Mount<'r, B, C, D, P, N, E, G, R> {
     fn spec(&mut self) -> &mut MountSpec {
         &mut self.route.mounts[self.idx]
     }
-    fn next<C2, D2, P2, N2, E2>(self) -> Mount<'r, B, C2, D2, P2, N2, E2> {
+    fn next<C2, D2, P2, N2, E2, G2, R2>(self) -> Mount<'r, B, C2, D2, P2, N2, E2, G2, R2> {
         Mount {
             route: self.route,
             idx: self.idx,
@@ -154,7 +166,7 @@ impl<'r, B, C, D, P, N, E> Mount<'r, B, C, D, P, N, E> {
     /// A mount without a cap retries a failing job forever, so its retries never come faster
     /// than [`UNCAPPED_FLOOR`](crate::UNCAPPED_FLOOR) (1 s, doubling to 60 s), whatever its
     /// [`backoff`](Self::backoff) or the handler's `retry_after` asks.
-    pub fn max_attempts(mut self, n: NonZeroU32) -> Mount<'r, B, Set, D, P, N, E>
+    pub fn max_attempts(mut self, n: NonZeroU32) -> Mount<'r, B, Set, D, P, N, E, G, R>
     where
         C: Undeclared<steps::MaxAttempts>,
     {
@@ -165,7 +177,7 @@ impl<'r, B, C, D, P, N, E> Mount<'r, B, C, D, P, N, E> {
     /// Where a job goes when it fails its last attempt: a queue, group or table name of the same
     /// broker (`"emails.dead"`, `"jobs:dead"`). Declared together with
     /// [`max_attempts`](Self::max_attempts).
-    pub fn dead_letter(mut self, target: impl Into<String>) -> Mount<'r, B, C, Set, P, N, E>
+    pub fn dead_letter(mut self, target: impl Into<String>) -> Mount<'r, B, C, Set, P, N, E, G, R>
     where
         D: Undeclared<steps::DeadLetter>,
     {
@@ -178,7 +190,7 @@ impl<'r, B, C, D, P, N, E> Mount<'r, B, C, D, P, N, E> {
     /// [`FullJitter`](crate::FullJitter). `retry_after(d)` from a handler overrides it. On a
     /// mount without [`max_attempts`](Self::max_attempts) either is raised to at least
     /// [`UNCAPPED_FLOOR`](crate::UNCAPPED_FLOOR) for that attempt.
-    pub fn backoff(mut self, policy: impl Backoff) -> Mount<'r, B, C, D, Set, N, E>
+    pub fn backoff(mut self, policy: impl Backoff) -> Mount<'r, B, C, D, Set, N, E, G, R>
     where
         P: Undeclared<steps::Backoff>,
     {
@@ -187,7 +199,7 @@ impl<'r, B, C, D, P, N, E> Mount<'r, B, C, D, P, N, E> {
     }
 
     /// How many of this subscriber's handlers run at once (default 8).
-    pub fn concurrency(mut self, n: usize) -> Mount<'r, B, C, D, P, Set, E>
+    pub fn concurrency(mut self, n: usize) -> Mount<'r, B, C, D, P, Set, E, G, R>
     where
         N: Undeclared<steps::Concurrency>,
     {
@@ -197,11 +209,44 @@ impl<'r, B, C, D, P, N, E> Mount<'r, B, C, D, P, N, E> {
 
     /// What an undecodable payload does: a failed attempt (the default) or an immediate dead
     /// letter.
-    pub fn on_decode_error(mut self, policy: OnDecodeError) -> Mount<'r, B, C, D, P, N, Set>
+    pub fn on_decode_error(mut self, policy: OnDecodeError) -> Mount<'r, B, C, D, P, N, Set, G, R>
     where
         E: Undeclared<steps::OnDecodeError>,
     {
         self.spec().on_decode_error = policy;
+        self.next()
+    }
+
+    /// At most `n` jobs of this mount's queue held at once by every worker of every process
+    /// together (claimed and running), enforced through the backend: a permit per job, taken
+    /// before the claim, renewed with the job's lease and given back at its settlement (a
+    /// worker that dies gives its permits back within a lease). A job held back waits in its
+    /// queue without spending an attempt. The limit is the queue's: every mount of the queue
+    /// that declares one must declare the same (checked at startup). `.concurrency(..)` still
+    /// bounds this process.
+    ///
+    /// `n` must be at least 1 (checked at startup).
+    pub fn global_concurrency(mut self, n: u32) -> Mount<'r, B, C, D, P, N, E, Set, R>
+    where
+        G: Undeclared<steps::GlobalConcurrency>,
+    {
+        self.spec().global_concurrency = Some(n);
+        self.next()
+    }
+
+    /// At most `r` jobs of this mount's queue started in any window of `per`, by every worker
+    /// of every process together, enforced through the backend: a permit per started job,
+    /// held for `per` by the backend's clock. A job held back waits in its queue without
+    /// spending an attempt. The limit is the queue's: every mount of the queue that declares
+    /// one must declare the same (checked at startup). A rate-limited queue claims nothing
+    /// ahead: a claimed job starts at once (when its mount has a free slot).
+    ///
+    /// `r` must be at least 1 and `per` at least 1 ms (checked at startup).
+    pub fn rate_limit(mut self, r: u32, per: Duration) -> Mount<'r, B, C, D, P, N, E, G, Set>
+    where
+        R: Undeclared<steps::RateLimit>,
+    {
+        self.spec().rate_limit = Some((r, per));
         self.next()
     }
 }

@@ -304,6 +304,16 @@ impl TestApp {
             let mut busy = Vec::new();
             let mut pending = 0;
             for (route, queue) in self.subscribed() {
+                // Due jobs held back by a global limit cannot start before its first permit
+                // runs out: on the paused clock that is for `advance` to reach.
+                if !self.live
+                    && let Some(r) = &self.running
+                    && crate::health::lock(&r.held_back)
+                        .get(queue)
+                        .is_some_and(|t| *t > self.now())
+                {
+                    continue;
+                }
                 // A job made due "now" by a retry that settled while the stats were read can
                 // count as delayed for an instant: a delayed job due within the margin is busy.
                 let soon = self.now() + self.due_margin();
@@ -383,8 +393,20 @@ impl TestApp {
             self.scheduler_caught_up().await;
             self.drain().await;
             let mut next: Option<DateTime<Utc>> = self.next_tick();
+            // A queue held back by a global limit is due again when its first permit runs out.
+            if let Some(r) = &self.running {
+                for t in crate::health::lock(&r.held_back).values() {
+                    if *t > self.clock.now() {
+                        next = Some(next.map_or(*t, |n| n.min(*t)));
+                    }
+                }
+            }
             for (r, q) in self.subscribed() {
-                if let Some(t) = r.next_due(q).await {
+                // A job due by now after the drain is held back by a global limit: the time
+                // its permit frees (above) is the one to move to, never back to its due time.
+                if let Some(t) = r.next_due(q).await
+                    && t > self.clock.now()
+                {
                     next = Some(next.map_or(t, |n| n.min(t)));
                 }
             }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::Inbox;
-use stagedoor_jobs::broker::{BrokerError, Locks};
+use stagedoor_jobs::broker::{BrokerError, Locks, Permits};
 
 use super::SqlxRoute;
 use crate::dialect::sealed::Value;
@@ -55,6 +55,45 @@ impl<DB: Dialect, Row: Inbox> Locks for SqlxRoute<DB, Row> {
             .await
             .map_err(db_err)?;
         Ok(())
+    }
+
+    async fn take_permits(
+        &self,
+        key: &str,
+        limit: u32,
+        tokens: &[String],
+        ttl: Duration,
+    ) -> Result<Permits, BrokerError> {
+        let pool = self.pool()?;
+        ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
+        let now = self.broker.now();
+        let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
+        crate::locks::take_permits::<DB>(pool, key, limit, tokens, now, until).await
+    }
+
+    async fn renew_permits(
+        &self,
+        key: &str,
+        tokens: &[String],
+        ttl: Duration,
+    ) -> Result<usize, BrokerError> {
+        if tokens.is_empty() {
+            return Ok(0);
+        }
+        let pool = self.pool()?;
+        ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
+        let now = self.broker.now();
+        let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
+        crate::locks::renew_permits::<DB>(pool, key, tokens, now, until).await
+    }
+
+    async fn release_permits(&self, key: &str, tokens: &[String]) -> Result<(), BrokerError> {
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        let pool = self.pool()?;
+        ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
+        crate::locks::release_permits::<DB>(pool, key, tokens).await
     }
 
     async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {

@@ -57,6 +57,7 @@
 //!   `publish_once`;
 //! - `crash_and_lease.rs`: concurrency, shutdown, abandoned jobs, leases and their fence;
 //! - `headers_and_stats.rs`: the request id and trace, the queue stats;
+//! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
 //! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
 //! - `fixture.rs`: [`Fixture`], what a backend provides to run the suite.
 //! - `support.rs`: what the rows share (timings, the test job, the probe, the handlers).
@@ -66,6 +67,7 @@ mod caps_and_dead_letters;
 mod crash_and_lease;
 mod fixture;
 mod headers_and_stats;
+mod limits;
 mod outcomes;
 mod publish;
 mod replay;
@@ -92,6 +94,10 @@ pub use crash_and_lease::{
 pub use headers_and_stats::{
     request_id_and_trace_reach_the_handler_and_the_dead_letter,
     stats_never_count_a_due_job_as_delayed,
+};
+pub use limits::{
+    global_concurrency_holds_across_workers, permits_hold_a_pool_to_its_limit,
+    rate_limit_starts_no_more_than_its_rate_per_period,
 };
 pub use outcomes::{
     ack_removes_the_job, attempts_count_up_and_the_job_id_stays,
@@ -187,6 +193,9 @@ macro_rules! conformance_tests {
             worker_report_not_renewed_within_its_ttl_is_gone
             reported_counts_add_up_per_queue_and_minute
             delayed_lists_future_jobs_soonest_first
+            permits_hold_a_pool_to_its_limit
+            global_concurrency_holds_across_workers
+            rate_limit_starts_no_more_than_its_rate_per_period
         );
     };
     ($fixture:expr $(,)?) => {

@@ -35,4 +35,12 @@ pub(crate) struct RunCtx {
     pub(crate) board: Arc<Board>,
     /// When a failing task stops the service.
     pub(crate) restart_limit: RestartLimit,
+    /// Queues whose due jobs wait for a global limit, with when (by the broker's clock) its
+    /// first permit runs out: the paused test harness moves its clock there instead of
+    /// waiting for jobs that cannot start before.
+    pub(crate) held_back: HeldBack,
 }
+
+/// See [`RunCtx::held_back`].
+pub(crate) type HeldBack =
+    Arc<std::sync::Mutex<std::collections::HashMap<String, chrono::DateTime<chrono::Utc>>>>;

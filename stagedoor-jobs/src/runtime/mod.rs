@@ -10,14 +10,17 @@
 //!   graceful wait for running handlers at shutdown;
 //! - `delivery.rs`: one delivery: dispatch by kind, the handler run, the outcome-to-settlement
 //!   rules;
+//! - `limits.rs`: a queue's global limits (global concurrency, rate), taken as permits of the
+//!   backend's pools before each claim;
 //! - `settle.rs`: the lease renewed while the handler runs, and the settlement tried again
 //!   until it takes effect or is fenced.
 
 mod context;
 mod delivery;
+pub(crate) mod limits;
 mod route;
 mod settle;
 mod worker;
 
-pub(crate) use context::{Observer, RunCtx};
+pub(crate) use context::{HeldBack, Observer, RunCtx};
 pub(crate) use route::{ErasedRoute, RouteRuntime};

@@ -11,6 +11,7 @@ use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::context::RunCtx;
+use super::limits::{Limiter, QueueLimits, concurrency_key, rate_key};
 use super::worker::{MAX_BATCH, MountRt, QueueRt, Worker};
 use crate::broker::{
     Broker, BrokerError, DeadLetter, DeadSelector, MountInfo, Problem, QueueStats, ReplayReport,
@@ -153,6 +154,32 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                 }
             }
             problems.extend(self.broker.check(&infos).await);
+            // A queue with global limits needs a backend that keeps permits.
+            let mut asked: Vec<&str> = Vec::new();
+            for m in &self.mounts {
+                if asked.contains(&m.queue.as_str()) {
+                    continue;
+                }
+                asked.push(&m.queue);
+                let Ok(Some(limits)) = QueueLimits::of(&m.queue, self.mounts.iter()) else {
+                    continue;
+                };
+                let probe = match (limits.concurrency, limits.rate) {
+                    (Some(n), _) => (concurrency_key(&m.queue), n, self.broker.lease()),
+                    (None, Some((r, per))) => (rate_key(&m.queue), r, per),
+                    (None, None) => continue,
+                };
+                if let Err(e) = self
+                    .broker
+                    .take_permits(&probe.0, probe.1, &[], probe.2)
+                    .await
+                {
+                    problems.push(Problem {
+                        mount: format!("queue `{}`", m.queue),
+                        message: format!("its global limits cannot be enforced: {e}"),
+                    });
+                }
+            }
             problems
         })
     }
@@ -195,7 +222,19 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
             let mut activity = Vec::new();
             for q in queues {
                 self.broker.prepare(&q.name).await?;
-                let capacity = q.slots + (q.slots / 2).min(MAX_BATCH);
+                // Disagreeing mounts were refused at startup.
+                let limits = QueueLimits::of(&q.name, self.mounts.iter()).ok().flatten();
+                let mut capacity = q.slots + (q.slots / 2).min(MAX_BATCH);
+                if let Some(l) = &limits {
+                    // A rate-limited queue claims nothing ahead (a claimed job starts at
+                    // once); a globally limited one claims no more than its limit.
+                    if l.rate.is_some() {
+                        capacity = q.slots;
+                    }
+                    if let Some(n) = l.concurrency {
+                        capacity = capacity.min((n as usize).max(1));
+                    }
+                }
                 let health = ctx.board.queue(&q.name, self.broker.backend());
                 let tally = Arc::new(Tally::default());
                 activity.push(Arc::new(QueueActivity {
@@ -208,11 +247,12 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                     mounts: Arc::clone(&mounts),
                     tally,
                     health,
-                    queue: Arc::new(q),
+                    queue: Arc::new(q.clone()),
                     ctx: ctx.clone(),
                     capacity,
                     slots: Arc::new(Semaphore::new(capacity)),
                     running: Mutex::new(JoinSet::new()),
+                    limiter: limits.map(|l| Limiter::new(&q.name, l)),
                 };
                 handles.push(tokio::spawn(Arc::new(worker).run()));
             }

@@ -11,6 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use super::context::RunCtx;
+use super::limits::Limiter;
 use crate::broker::{Broker, Delivery};
 use crate::health::{TaskCell, lock};
 use crate::mount::MountSpec;
@@ -34,6 +35,7 @@ pub(super) struct MountRt {
     pub(super) permits: Arc<Semaphore>,
 }
 
+#[derive(Clone)]
 pub(super) struct QueueRt {
     pub(super) name: Arc<str>,
     pub(super) by_kind: HashMap<String, usize>,
@@ -84,6 +86,8 @@ pub(super) struct Worker<B> {
     pub(super) health: Arc<TaskCell>,
     /// The queue's outcomes per minute, for the worker reports.
     pub(super) tally: Arc<Tally>,
+    /// The queue's global limits, when its mounts declare any.
+    pub(super) limiter: Option<Limiter>,
 }
 
 impl<B: Broker> Worker<B> {
@@ -91,6 +95,16 @@ impl<B: Broker> Worker<B> {
     /// the running handlers.
     pub(super) async fn run(self: Arc<Self>) {
         let w = Arc::clone(&self);
+        // The global concurrency permits are renewed until every handler is done. The loop
+        // cannot fail (it logs and tries again) and is aborted here.
+        let renewer = self.limiter.is_some().then(|| {
+            let w = Arc::clone(&self);
+            tokio::spawn(async move {
+                if let Some(l) = &w.limiter {
+                    l.renew_loop(&w.broker).await;
+                }
+            })
+        });
         supervise(
             Arc::clone(&self.health),
             Arc::clone(&self.ctx.board),
@@ -99,6 +113,9 @@ impl<B: Broker> Worker<B> {
         )
         .await;
         self.finish().await;
+        if let Some(r) = renewer {
+            r.abort();
+        }
     }
 
     /// Claims while the service runs. Returns when it stops; a panic here is the supervisor's
@@ -135,9 +152,49 @@ impl<B: Broker> Worker<B> {
                     }
                 }
             }
-            let asked = permits.len();
+            let mut asked = permits.len();
+            // The queue's global limits: a permit of each per job claimed, taken first.
+            let mut grant = None;
+            if let Some(l) = &self.limiter {
+                match l.take(&self.broker, asked).await {
+                    Ok(Ok(g)) => {
+                        lock(&self.ctx.held_back).remove(&*self.queue.name);
+                        asked = g.n;
+                        permits.truncate(asked);
+                        grant = Some(g);
+                    }
+                    Ok(Err(full)) => {
+                        drop(permits);
+                        if let Some(d) = full.next_free {
+                            let until =
+                                self.broker.clock().now() + crate::clock::chrono_duration(d);
+                            lock(&self.ctx.held_back).insert(self.queue.name.to_string(), until);
+                        }
+                        tokio::select! {
+                            _ = tokio::time::sleep(full.wait) => {}
+                            _ = stop.changed() => return,
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        drop(permits);
+                        if self.claim_failed(&e, &mut stop).await {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            }
+            let claimed_at = tokio::time::Instant::now();
             // A claim is never cancelled half-way: it waits at most CLAIM_WAIT.
-            match self.broker.claim(&self.queue.name, asked, CLAIM_WAIT).await {
+            let claimed = self.broker.claim(&self.queue.name, asked, CLAIM_WAIT).await;
+            if let (Some(l), Some(g)) = (&self.limiter, grant.as_mut()) {
+                let got = claimed.as_ref().map_or(0, Vec::len);
+                let waited = claimed_at.elapsed() > Duration::from_millis(5);
+                l.after_claim(&self.broker, g, got, waited).await;
+            }
+            let mut running = grant.map(|g| g.running).unwrap_or_default();
+            match claimed {
                 Ok(deliveries) => {
                     let failed = self.health.claim_ok();
                     if failed > 0 {
@@ -161,36 +218,53 @@ impl<B: Broker> Worker<B> {
                         let permit = permits
                             .pop()
                             .or_else(|| Arc::clone(&self.slots).try_acquire_owned().ok());
-                        self.start(d, permit);
+                        self.start(d, permit, running.pop());
                     }
                 }
                 Err(e) => {
-                    let failures = self.health.claim_failed(&e.to_string());
-                    let wait = Duration::from_millis(50u64.saturating_mul(1 << failures.min(6)))
-                        .min(CLAIM_RETRY_MAX);
-                    // The first failure, then one line every 20 (about every 10 s).
-                    if failures == 1 || failures.is_multiple_of(20) {
-                        tracing::warn!(queue = %self.queue.name, error = %e, "claim failed ({failures} in a row); retrying every {CLAIM_RETRY_MAX:?} at most");
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = stop.changed() => return,
+                    if self.claim_failed(&e, &mut stop).await {
+                        return;
                     }
                 }
             }
         }
     }
 
-    /// Starts processing a claimed delivery, holding `permit` (its slot) until it is settled.
+    /// Records a failed claim (or a failure to take the queue's permits) and waits before the
+    /// next try. `true` when the service stopped meanwhile.
+    async fn claim_failed(
+        &self,
+        e: &crate::broker::BrokerError,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> bool {
+        let failures = self.health.claim_failed(&e.to_string());
+        let wait =
+            Duration::from_millis(50u64.saturating_mul(1 << failures.min(6))).min(CLAIM_RETRY_MAX);
+        // The first failure, then one line every 20 (about every 10 s).
+        if failures == 1 || failures.is_multiple_of(20) {
+            tracing::warn!(queue = %self.queue.name, error = %e, "claim failed ({failures} in a row); retrying every {CLAIM_RETRY_MAX:?} at most");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => false,
+            _ = stop.changed() => true,
+        }
+    }
+
+    /// Starts processing a claimed delivery, holding `permit` (its slot) and `global` (its
+    /// global concurrency permit, if the queue has that limit) until it is settled.
     fn start(
         self: &Arc<Self>,
         delivery: Delivery<B::Receipt>,
         permit: Option<OwnedSemaphorePermit>,
+        global: Option<String>,
     ) {
         let done = InFlight::new(&self.ctx.in_flight, &self.health.in_flight);
         let w = Arc::clone(self);
         lock(&self.running).spawn(async move {
             w.process(delivery).await;
+            if let (Some(l), Some(token)) = (&w.limiter, global) {
+                l.release_running(&w.broker, vec![token]).await;
+            }
             drop(permit);
             drop(done);
         });

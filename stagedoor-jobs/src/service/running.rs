@@ -29,6 +29,7 @@ pub struct Running {
     pub(crate) routes: Vec<Arc<dyn ErasedRoute>>,
     pub(crate) in_flight: Arc<std::sync::atomic::AtomicUsize>,
     pub(crate) progress: Option<watch::Receiver<Progress>>,
+    pub(crate) held_back: crate::runtime::HeldBack,
 }
 
 impl fmt::Debug for Running {

@@ -17,6 +17,7 @@ use crate::monitor;
 use crate::mount::OnDecodeError;
 use crate::report::{Reporter, ScheduleInfo};
 use crate::runtime::RunCtx;
+use crate::runtime::limits::QueueLimits;
 use crate::schedule::scheduler::{self, Bound, Progress};
 use crate::supervise::supervise;
 
@@ -25,6 +26,7 @@ impl Service {
     fn static_problems(&self) -> Vec<Problem> {
         let mut problems = Vec::new();
         let mut seen: Vec<(usize, &str, Option<&str>, &str)> = Vec::new();
+        let mut reported_limits: Vec<(usize, &str)> = Vec::new();
         for (r, route) in self.routes.iter().enumerate() {
             for m in route.mounts() {
                 let who = format!("mount `{}` on queue `{}`", m.subscriber, m.queue);
@@ -63,6 +65,16 @@ impl Service {
                 }
                 if m.concurrency == 0 {
                     add("concurrency(0) would never run a handler: use 1 or more".to_owned());
+                }
+                for p in QueueLimits::problems(m) {
+                    add(p);
+                }
+                if let Err(p) = QueueLimits::of(&m.queue, route.mounts().iter())
+                    && (m.global_concurrency.is_some() || m.rate_limit.is_some())
+                    && !reported_limits.contains(&(r, m.queue.as_str()))
+                {
+                    reported_limits.push((r, &m.queue));
+                    add(p);
                 }
                 let kind = m.kind.as_deref();
                 if let Some((_, _, _, other)) = seen
@@ -161,6 +173,7 @@ impl Service {
             observers: Arc::from(self.observers.clone()),
             board: Arc::clone(&board),
             restart_limit: limit,
+            held_back: crate::runtime::HeldBack::default(),
         };
         let mut tasks = Vec::new();
         for route in &self.routes {
@@ -274,6 +287,7 @@ impl Service {
             routes: self.routes,
             in_flight,
             progress,
+            held_back: Arc::clone(&ctx.held_back),
         })
     }
 
