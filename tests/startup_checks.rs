@@ -88,6 +88,62 @@ async fn every_problem_is_listed_at_once() {
 }
 
 #[tokio::test]
+async fn global_limits_are_checked_at_startup() {
+    let service =
+        Service::new(AppInfo::new("limits", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
+            b.include(Subscriber::new("g", ok)).global_concurrency(0);
+            b.include(Subscriber::new("h", ok))
+                .rate_limit(0, Duration::ZERO);
+            // Two mounts of one queue declaring different limits: the limit is the queue's.
+            b.include(Subscriber::new("i", ok).kind("a"))
+                .global_concurrency(2);
+            b.include(Subscriber::new("i", other).kind("b"))
+                .global_concurrency(5);
+            // The same limit on both is fine.
+            b.include(Subscriber::new("j", ok).kind("a"))
+                .rate_limit(10, Duration::from_secs(1));
+            b.include(Subscriber::new("j", other).kind("b"))
+                .rate_limit(10, Duration::from_secs(1));
+        });
+    let err = service
+        .start()
+        .await
+        .expect_err("the service must refuse to start");
+    let text = err.to_string();
+    let problems = problems(err);
+    let on = |queue: &str| -> Vec<String> {
+        problems
+            .iter()
+            .filter(|p| p.mount.contains(&format!("queue `{queue}`")))
+            .map(|p| p.message.clone())
+            .collect()
+    };
+    assert_eq!(on("g").len(), 1, "{text}");
+    assert!(
+        on("g")[0].contains("global_concurrency(0) would never run a job"),
+        "{text}"
+    );
+    assert_eq!(on("h").len(), 2, "{text}");
+    assert!(
+        on("h")
+            .iter()
+            .any(|m| m.contains("rate_limit(0, ..) would never start a job")),
+        "{text}"
+    );
+    assert!(
+        on("h").iter().any(|m| m.contains("at least 1 ms")),
+        "{text}"
+    );
+    assert_eq!(on("i").len(), 1, "one line for the disagreement: {text}");
+    assert!(
+        on("i")[0].contains("global_concurrency(5) differs from `ok`'s global_concurrency(2)"),
+        "{text}"
+    );
+    assert!(on("j").is_empty(), "the same limit twice is fine: {text}");
+    assert_eq!(problems.len(), 4, "{text}");
+}
+
+#[tokio::test]
 async fn different_kinds_on_one_queue_are_fine() {
     let service =
         Service::new(AppInfo::new("kinds", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
