@@ -564,6 +564,16 @@ impl Broker for RedisBroker {
         self.publish_once(queue, job, guard, ttl).await
     }
 
+    async fn finish_guard(
+        &self,
+        queue: &str,
+        guard: &str,
+        job_id: &stagedoor_jobs::JobId,
+        ttl: Duration,
+    ) -> Result<bool, BrokerError> {
+        self.finish_guard(queue, guard, job_id, ttl).await
+    }
+
     async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
         self.server_time().await
     }

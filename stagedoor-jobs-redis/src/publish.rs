@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::Envelope;
 use stagedoor_jobs::broker::{BrokerError, Published};
+use stagedoor_jobs::{Envelope, JobId};
 
 use crate::broker::{RedisBroker, ms};
 use crate::entry;
@@ -174,7 +174,7 @@ impl RedisBroker {
                 "publish_once to `{queue}`: the job made no script arguments"
             )));
         };
-        let n: i64 = scripts::PUBLISH_ONCE
+        let (n, holder): (i64, String) = scripts::PUBLISH_ONCE
             .key(&keys.stream)
             .key(&keys.delayed)
             .key(&keys.ids)
@@ -195,8 +195,32 @@ impl RedisBroker {
                 stagedoor_jobs::broker::log_not_stored(queue, &id);
                 Ok(Published::already_there(id))
             }
-            _ => Ok(Published::already_there(id)),
+            // A guard set by an earlier version holds `1`, not a job id.
+            _ if holder.is_empty() || holder == "1" => Ok(Published::already_there(id)),
+            _ => Ok(Published::already_there(JobId::from_string(holder))),
         }
+    }
+
+    /// [`Broker::finish_guard`](stagedoor_jobs::broker::Broker::finish_guard): one script
+    /// (the guard keeps its value; its time to live becomes `ttl`).
+    pub(crate) async fn finish_guard(
+        &self,
+        queue: &str,
+        guard: &str,
+        job_id: &JobId,
+        ttl: Duration,
+    ) -> Result<bool, BrokerError> {
+        let mut c = self.conn()?;
+        let keys = self.keys(queue);
+        let done: i64 = scripts::FINISH_GUARD
+            .pick(self.allow_oom())
+            .key(keys.once(guard))
+            .arg(job_id.as_str())
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1))
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(done == 1)
     }
 }
 

@@ -268,16 +268,18 @@ return skipped
 
 /// KEYS: stream, delayed, ids, guard. ARGV: ttl_ms, then one job as [`PUBLISH`] takes it
 /// (`job_id, due_ms ('0': now), n` and `n` items). When `guard` exists nothing happens and the
-/// answer is -1. Otherwise the job is published as [`PUBLISH`] does and the guard set (for
-/// `ttl_ms`), in the same step: 1 when the job was stored, 0 when its id was in the queue
-/// already (the guard is set all the same). A script that fails half-way is not undone, so
+/// answer is `{-1, holder}` (the job id the guard holds). Otherwise the job is published as
+/// [`PUBLISH`] does and the guard set to its id (for `ttl_ms`), in the same step: `{1, ''}`
+/// when the job was stored, `{0, ''}` when its id was in the queue already (the guard is set
+/// all the same). A script that fails half-way is not undone, so
 /// every command that can fail (a key of the wrong type, a full server refusing the first
 /// write) comes before the first write: a failed call leaves nothing, the guard included, and
 /// the tick can be enqueued again.
 pub(crate) static PUBLISH_ONCE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-if redis.call('EXISTS', KEYS[4]) == 1 then return -1 end
+local holder = redis.call('GET', KEYS[4])
+if holder then return {-1, holder} end
 local stored = 0
 if redis.call('SISMEMBER', KEYS[3], ARGV[2]) == 0 then
   local n = tonumber(ARGV[4])
@@ -289,8 +291,8 @@ if redis.call('SISMEMBER', KEYS[3], ARGV[2]) == 0 then
   redis.call('SADD', KEYS[3], ARGV[2])
   stored = 1
 end
-redis.call('SET', KEYS[4], '1', 'PX', ARGV[1])
-return stored
+redis.call('SET', KEYS[4], ARGV[2], 'PX', ARGV[1])
+return {stored, ''}
 ",
     )
 });
@@ -478,6 +480,21 @@ if held > 0 then
   redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2]) - now + tonumber(ARGV[3]))
 end
 return held
+",
+    )
+});
+
+/// KEYS: a guard of `publish_once`. ARGV: job_id, ttl_ms. When the guard holds `job_id`, it
+/// runs out `ttl_ms` from now (a unique job's window, from its settlement); 1 when it did.
+/// Runs on a full server (it adds nothing).
+pub(crate) static FINISH_GUARD: LazyLock<OomScript> = LazyLock::new(|| {
+    OomScript::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
 ",
     )
 });

@@ -218,3 +218,48 @@ pub(crate) async fn release_permits<DB: Dialect>(
     }
     Ok(())
 }
+
+/// The token holding lock `$1` (the job id of a `publish_once` guard).
+const LOCK_HOLDER: &str = "SELECT token FROM stagedoor_locks WHERE lock_key = $1";
+
+/// Lock `$1` held by `$2` (and not past its time, `$4`) runs out at `$3`.
+const FINISH_LOCK: &str =
+    "UPDATE stagedoor_locks SET until_at = $3 WHERE lock_key = $1 AND token = $2 AND until_at > $4";
+
+/// Who holds lock `key` (read inside the transaction whose take just failed).
+pub(crate) async fn lock_holder<DB: Driver>(
+    conn: &mut DB::Connection,
+    key: &str,
+) -> Result<Option<String>, BrokerError> {
+    let rows = DB::fetch(
+        conn,
+        LOCK_HOLDER.to_owned(),
+        vec![Value::Text(Some(key.to_owned()))],
+    )
+    .await
+    .map_err(db_err)?;
+    match rows.first() {
+        Some(row) => DB::text(row, 0).map_err(db_err),
+        None => Ok(None),
+    }
+}
+
+/// Makes lock `key`, if `token` holds it, run out at `until`; `true` when it did.
+pub(crate) async fn finish_lock<DB: Driver>(
+    conn: &mut DB::Connection,
+    key: &str,
+    token: &str,
+    until: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Result<bool, BrokerError> {
+    let binds = vec![
+        Value::Text(Some(key.to_owned())),
+        Value::Text(Some(token.to_owned())),
+        Value::Time(Some(until)),
+        Value::Time(Some(now)),
+    ];
+    let n = DB::run(conn, FINISH_LOCK.to_owned(), binds)
+        .await
+        .map_err(db_err)?;
+    Ok(n == 1)
+}

@@ -420,6 +420,17 @@ impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
         self.broker.noted(published)
     }
 
+    async fn finish_guard(
+        &self,
+        _queue: &str,
+        guard: &str,
+        job_id: &stagedoor_jobs::JobId,
+        ttl: Duration,
+    ) -> Result<bool, BrokerError> {
+        let done = self.finish_lock(guard, job_id.as_str(), ttl).await;
+        self.broker.noted(done)
+    }
+
     async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
         let t = self.database_time().await;
         self.broker.noted(t).map(Some)

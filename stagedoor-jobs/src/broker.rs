@@ -538,9 +538,11 @@ pub trait Broker: DeadLetters + Locks + Activity {
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
     ) -> impl Future<Output = Result<Vec<Published>, BrokerError>> + Send;
 
-    /// Publishes `job` to `queue` and takes `guard` for `ttl`, in one atomic step, unless
-    /// `guard` is held already: then nothing is stored and the result is
-    /// [`Published::already_there`]. The scheduler enqueues each tick this way (the guard
+    /// Publishes `job` to `queue` and takes `guard` for `ttl` (held by the job's id), in one
+    /// atomic step, unless `guard` is held already: then nothing is stored and the result is
+    /// [`Published::already_there`] with the id of the job holding the guard (the backends
+    /// here; a guard written by an earlier version, which kept no holder, gives this job's
+    /// id). The scheduler enqueues each tick this way (the guard
     /// names the schedule and the tick), so a worker dying at any point enqueues the tick
     /// either entirely or not at all, and a tick is never enqueued twice within `ttl`.
     ///
@@ -562,6 +564,22 @@ pub trait Broker: DeadLetters + Locks + Activity {
             let mut out = self.publish(queue, vec![job]).await?;
             Ok(out.pop().unwrap_or(Published::already_there(id)))
         }
+    }
+
+    /// Makes `guard` of `queue` (taken by [`publish_once`](Broker::publish_once)) run out `ttl`
+    /// from now, if the job `job_id` still holds it. The runtime calls it when a unique job
+    /// ([`Job::unique`](crate::Job::unique)) is settled (acknowledged, dropped or
+    /// dead-lettered): its window starts then. `Ok(false)` when the guard was not this job's
+    /// (or gone). The default does nothing, so the guard lasts the time it was taken for.
+    fn finish_guard(
+        &self,
+        queue: &str,
+        guard: &str,
+        job_id: &JobId,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, BrokerError>> + Send {
+        let _ = (queue, guard, job_id, ttl);
+        async { Ok(false) }
     }
 
     /// How long a claim holds a job; the runtime renews a held delivery every third of it. The
@@ -644,7 +662,14 @@ pub trait Publish: Broker {
         job: crate::Job,
     ) -> impl Future<Output = Result<Published, BrokerError>> + Send {
         async move {
-            let (queue, envelope, at) = job.into_parts(self.clock().now());
+            let now = self.clock().now();
+            let (queue, envelope, at) = job.into_parts(now);
+            if let Some((key, window)) = crate::envelope::unique_of(envelope.headers()) {
+                let guard = crate::envelope::unique_guard(&queue, key);
+                let delay = at.and_then(|a| (a - now).to_std().ok()).unwrap_or_default();
+                let ttl = window + crate::envelope::UNIQUE_PENDING_MAX + delay;
+                return self.publish_once(&queue, (envelope, at), &guard, ttl).await;
+            }
             let id = envelope.id().clone();
             let mut out = self.publish(&queue, vec![(envelope, at)]).await?;
             match out.pop() {
@@ -662,7 +687,8 @@ pub trait Publish: Broker {
     /// land all or none); returns one [`Published`] per job, in order: its id as stored and
     /// whether it was stored (a job whose id was already in the queue, or earlier in the
     /// batch, is not). Jobs of several queues are grouped by queue, in order of first
-    /// appearance.
+    /// appearance. Unique jobs ([`Job::unique`](crate::Job::unique)) are published one at a
+    /// time after the batches, each with its key in one step (not all or none with the rest).
     fn publish_jobs<I>(
         &self,
         jobs: I,
@@ -674,7 +700,13 @@ pub trait Publish: Broker {
         // For each job: its queue's batch and its place in that batch.
         let mut places = Vec::new();
         let mut by_queue: Vec<(String, Batch)> = Vec::new();
+        let mut unique: Vec<crate::Job> = Vec::new();
         for job in jobs {
+            if job.is_unique() {
+                places.push((usize::MAX, unique.len()));
+                unique.push(job);
+                continue;
+            }
             let (queue, envelope, at) = job.into_parts(now);
             let b = match by_queue.iter().position(|(q, _)| *q == queue) {
                 Some(b) => b,
@@ -700,10 +732,19 @@ pub trait Publish: Broker {
                 }
                 reports.push(got.into_iter().map(Some).collect::<Vec<_>>());
             }
+            let mut uniques = Vec::with_capacity(unique.len());
+            for job in unique {
+                uniques.push(Some(self.publish_job(job).await?));
+            }
             places
                 .into_iter()
                 .map(|(b, i)| {
-                    reports[b][i].take().ok_or_else(|| {
+                    let slot = if b == usize::MAX {
+                        &mut uniques[i]
+                    } else {
+                        &mut reports[b][i]
+                    };
+                    slot.take().ok_or_else(|| {
                         BrokerError::Backend("a published job was reported twice".to_owned())
                     })
                 })

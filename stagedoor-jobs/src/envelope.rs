@@ -180,6 +180,29 @@ pub struct Job {
     queue: String,
     envelope: Envelope,
     run_at: RunAt,
+    /// `Job::unique`: the key (`None`: by kind and payload) and the window.
+    unique: Option<(Option<String>, Duration)>,
+}
+
+/// The header that carries a unique job's key and window (`<window ms> <key>`) from its publish
+/// to its settlement, where the runtime starts the window.
+pub const UNIQUE_HEADER: &str = "stagedoor-unique";
+
+/// How long a unique job's key is held while the job has not finished, beyond its window and
+/// its delay: its settlement ends the hold (the window starts then), so this bounds only a
+/// job that disappears without one (a row deleted by hand, a worker killed between the
+/// settlement and the step that starts the window).
+pub const UNIQUE_PENDING_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// The guard of unique key `key` on `queue` (see [`Job::unique`]).
+pub(crate) fn unique_guard(queue: &str, key: &str) -> String {
+    format!("unique:{queue}:{key}")
+}
+
+/// A unique job's key and window, from its headers.
+pub(crate) fn unique_of(headers: &Headers) -> Option<(&str, Duration)> {
+    let (ms, key) = headers.extra.get(UNIQUE_HEADER)?.split_once(' ')?;
+    Some((key, Duration::from_millis(ms.parse().ok()?)))
 }
 
 impl Job {
@@ -199,6 +222,7 @@ impl Job {
             envelope: Envelope::new(queue.clone(), payload, Utc::now()),
             queue,
             run_at: RunAt::Now,
+            unique: None,
         }
     }
 
@@ -222,6 +246,27 @@ impl Job {
         self.run_at = RunAt::At(at);
         self
     }
+    /// Makes the job unique by `key` on its queue for `window`: while a job of that key is
+    /// waiting, delayed, running, or finished less than `window` ago (acknowledged, dropped or
+    /// dead-lettered), publishing another of the same key stores nothing and returns the
+    /// existing job's id ([`Published::is_stored`](crate::Published::is_stored) is `false`).
+    /// Atomic on every backend: of two publishes at once, one stores its job. A job that fails
+    /// and is retried keeps its key. The window starts at the settlement; a job that
+    /// disappears without one (a row deleted by hand) holds its key at most
+    /// [`UNIQUE_PENDING_MAX`] beyond its delay and window.
+    ///
+    /// The key travels in the job's headers ([`UNIQUE_HEADER`]); a SQL table without a headers
+    /// column cannot carry it, so there the window starts with the hold above.
+    pub fn unique(mut self, key: impl Into<String>, window: Duration) -> Self {
+        self.unique = Some((Some(key.into()), window));
+        self
+    }
+    /// [`unique`](Self::unique) with the key made of the job's kind and a hash (SHA-256) of
+    /// its payload: the same message published twice is stored once.
+    pub fn unique_by_payload(mut self, window: Duration) -> Self {
+        self.unique = Some((None, window));
+        self
+    }
     /// Sets the request id header.
     pub fn request_id(mut self, id: impl Into<String>) -> Self {
         self.envelope.headers.request_id = Some(id.into());
@@ -241,6 +286,11 @@ impl Job {
         self
     }
 
+    /// Whether [`unique`](Self::unique) or [`unique_by_payload`](Self::unique_by_payload) was
+    /// called.
+    pub fn is_unique(&self) -> bool {
+        self.unique.is_some()
+    }
     /// The queue.
     pub fn queue(&self) -> &str {
         &self.queue
@@ -263,6 +313,18 @@ impl Job {
     /// headers (`traceparent`, `tracestate`; see [`otel`](crate::otel)), unless they hold one.
     pub fn into_parts(mut self, now: DateTime<Utc>) -> (String, Envelope, Option<DateTime<Utc>>) {
         self.envelope.enqueued_at = now;
+        if let Some((key, window)) = self.unique.take() {
+            let key = key.unwrap_or_else(|| {
+                use sha2::Digest;
+                let digest = sha2::Sha256::digest(&self.envelope.payload);
+                let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+                format!("{}:{hex}", self.envelope.kind)
+            });
+            self.envelope.headers.extra.insert(
+                UNIQUE_HEADER.to_owned(),
+                format!("{} {key}", window.as_millis()),
+            );
+        }
         #[cfg(feature = "opentelemetry")]
         crate::otel::inject(&mut self.envelope.headers);
         let at = self.run_at.resolve(now);

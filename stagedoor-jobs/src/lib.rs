@@ -111,7 +111,7 @@ pub use broker::{
     Publish, Published, QueueStats, ReplayReport,
 };
 pub use clock::{Clock, SYNC_EVERY};
-pub use envelope::{Envelope, Headers, Job, JobId, RunAt};
+pub use envelope::{Envelope, Headers, Job, JobId, RunAt, UNIQUE_HEADER, UNIQUE_PENDING_MAX};
 pub use extract::{Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
 pub use handler::{BoxFuture, Handler, HandlerFn};
 pub use health::{Health, LoopState, QueueHealth, ServiceState, TaskHealth};

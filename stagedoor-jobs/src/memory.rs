@@ -681,13 +681,15 @@ impl Broker for MemoryBroker {
         let id = job.0.id().clone();
         let out = {
             let mut mem = self.mem();
-            if mem.locks.get(guard).is_some_and(|(_, until)| *until > now) {
-                return Ok(Published::already_there(id));
+            if let Some((holder, until)) = mem.locks.get(guard)
+                && *until > now
+            {
+                return Ok(Published::already_there(JobId::from_string(holder.clone())));
             }
             mem.locks.retain(|_, (_, until)| *until > now);
             mem.locks.insert(
                 guard.to_owned(),
-                (String::new(), now + crate::broker::chrono_duration(ttl)),
+                (id.to_string(), now + crate::broker::chrono_duration(ttl)),
             );
             store(&mut mem, queue, vec![job], now)
         };
@@ -696,6 +698,24 @@ impl Broker for MemoryBroker {
             .into_iter()
             .next()
             .unwrap_or(Published::already_there(id)))
+    }
+
+    async fn finish_guard(
+        &self,
+        _queue: &str,
+        guard: &str,
+        job_id: &JobId,
+        ttl: Duration,
+    ) -> Result<bool, BrokerError> {
+        let now = self.now();
+        let mut mem = self.mem();
+        match mem.locks.get_mut(guard) {
+            Some((holder, until)) if holder == job_id.as_str() && *until > now => {
+                *until = now + crate::broker::chrono_duration(ttl);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 
     fn lease(&self) -> Duration {

@@ -13,7 +13,7 @@ use stagedoor_jobs::{Envelope, Inbox, Job};
 use super::{BACKDATE, SqlxRoute, fetch_in};
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::headers::HeaderDoc;
-use crate::locks::{ensure_bookkeeping, take_lock};
+use crate::locks::{ensure_bookkeeping, lock_holder, take_lock};
 use crate::publish::{chunks, keyed_by_row, reports};
 use crate::rows::{Vals, params_rows, returned_ids};
 
@@ -144,6 +144,21 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         reports(self.table(), queue, &envelopes, returned)
     }
 
+    /// [`Broker::finish_guard`]: guard `guard` runs out `ttl` from now if `token` holds it.
+    pub(super) async fn finish_lock(
+        &self,
+        guard: &str,
+        token: &str,
+        ttl: Duration,
+    ) -> Result<bool, BrokerError> {
+        let pool = self.pool()?;
+        ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
+        let now = self.broker.now();
+        let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
+        let mut conn = acquire(pool).await?;
+        crate::locks::finish_lock::<DB>(&mut conn, guard, token, until, now).await
+    }
+
     /// [`Broker::publish_once`]: in one transaction, takes `guard` in `stagedoor_locks`
     /// (a new row, or one whose `until_at` has passed) and inserts the job as
     /// [`publish`](Broker::publish) does; when the guard is held, stores nothing.
@@ -165,8 +180,14 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
         let taken = take_lock::<DB>(&mut tx, guard, envelope.id().as_str(), until, now).await?;
         if !taken {
+            let holder = lock_holder::<DB>(&mut tx, guard).await?;
             tx.rollback().await.map_err(db_err)?;
-            return Ok(Published::already_there(envelope.id().clone()));
+            // A guard kept by an earlier version holds no job id (an empty token).
+            let id = match holder {
+                Some(h) if !h.is_empty() => stagedoor_jobs::JobId::from_string(h),
+                _ => envelope.id().clone(),
+            };
+            return Ok(Published::already_there(id));
         }
         let rows = fetch_in::<DB>(&mut *tx, &stmts.insert_notify, &v, self.table()).await?;
         let returned = returned_ids::<DB>(&rows)?;

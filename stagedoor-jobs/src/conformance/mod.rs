@@ -57,6 +57,7 @@
 //!   `publish_once`;
 //! - `crash_and_lease.rs`: concurrency, shutdown, abandoned jobs, leases and their fence;
 //! - `headers_and_stats.rs`: the request id and trace, the queue stats;
+//! - `unique.rs`: unique jobs, their window, racing publishes, keys by payload;
 //! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
 //! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
 //! - `fixture.rs`: [`Fixture`], what a backend provides to run the suite.
@@ -72,6 +73,7 @@ mod outcomes;
 mod publish;
 mod replay;
 mod support;
+mod unique;
 
 pub use activity::{
     delayed_lists_future_jobs_soonest_first, reported_counts_add_up_per_queue_and_minute,
@@ -117,6 +119,11 @@ pub use replay::{
     dead_letter_replay_by_kind_moves_only_that_kind,
     dead_letters_are_listed_newest_first_and_by_kind,
     replay_skips_a_letter_whose_job_is_back_in_its_queue,
+};
+
+pub use unique::{
+    unique_by_payload_stores_a_message_once, unique_job_is_held_until_its_window_after_it_finished,
+    unique_publishes_at_once_store_one_job,
 };
 
 pub use fixture::Fixture;
@@ -196,6 +203,9 @@ macro_rules! conformance_tests {
             permits_hold_a_pool_to_its_limit
             global_concurrency_holds_across_workers
             rate_limit_starts_no_more_than_its_rate_per_period
+            unique_job_is_held_until_its_window_after_it_finished
+            unique_publishes_at_once_store_one_job
+            unique_by_payload_stores_a_message_once
         );
     };
     ($fixture:expr $(,)?) => {

@@ -374,8 +374,8 @@ pub async fn publish_once_stores_a_job_once_per_guard<F: Fixture>(fixture: F) {
     let again = publish_once_n(&direct, Q, (2, &ids[1]), None, &tick_1).await;
     assert_eq!(
         (again.id(), again.is_stored()),
-        (&ids[1], false),
-        "the same guard again, another job id: nothing stored"
+        (&ids[0], false),
+        "the same guard again, another job id: nothing stored, and the id is the holder's"
     );
     let other = publish_once_n(&direct, Q, (3, &ids[2]), None, &tick_2).await;
     assert_eq!(

@@ -61,6 +61,23 @@ impl<B: Broker> Worker<B> {
         out
     }
 
+    /// A unique job that finished: its key stays held for its window from now.
+    async fn finish_unique(&self, envelope: &crate::Envelope) {
+        let Some((key, window)) = crate::envelope::unique_of(envelope.headers()) else {
+            return;
+        };
+        let guard = crate::envelope::unique_guard(&self.queue.name, key);
+        let q = &self.queue.name;
+        match Box::pin(self.broker.finish_guard(q, &guard, envelope.id(), window)).await {
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                error = %e,
+                unique = key,
+                "could not start the unique key's window: the key stays held until its hold runs out (at most UNIQUE_PENDING_MAX)"
+            ),
+        }
+    }
+
     pub(super) async fn settle(
         &self,
         subscriber: &str,
@@ -102,6 +119,9 @@ impl<B: Broker> Worker<B> {
                         tracing::info!("settled after {failures} failed tries");
                     }
                     crate::counters::count(&self.queue.name, delivery.envelope.kind(), &settlement);
+                    if !matches!(settlement, Settlement::Retry { .. }) {
+                        self.finish_unique(&delivery.envelope).await;
+                    }
                     self.tally.count(&settlement, self.broker.clock().now());
                     if matches!(settlement, Settlement::DeadLetter { .. }) {
                         self.ctx.dead_lettered.notify_one();
