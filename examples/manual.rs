@@ -70,6 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let what = match &record.outcome {
             Outcome::Acked => "acked".to_owned(),
             Outcome::Dropped => "dropped".to_owned(),
+            Outcome::Cancelled => "cancelled".to_owned(),
             Outcome::Retried { delay, error, .. } => format!("retry in {delay:?} ({error})"),
             Outcome::DeadLettered { target, error, .. } => {
                 format!("dead-lettered to {target} ({error})")

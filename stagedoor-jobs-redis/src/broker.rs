@@ -411,6 +411,14 @@ impl Inspect for RedisBroker {
 }
 
 impl DeadLetters for RedisBroker {
+    async fn cancel(
+        &self,
+        queue: &str,
+        id: &stagedoor_jobs::JobId,
+    ) -> Result<stagedoor_jobs::broker::Cancelled, BrokerError> {
+        self.cancel(queue, id).await
+    }
+
     async fn dead_letters(
         &self,
         dead: &str,
@@ -576,6 +584,14 @@ impl Broker for RedisBroker {
 
     async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
         self.server_time().await
+    }
+
+    async fn cancelled(
+        &self,
+        queue: &str,
+        ids: &[stagedoor_jobs::JobId],
+    ) -> Result<Vec<stagedoor_jobs::JobId>, BrokerError> {
+        self.cancelled(queue, ids).await
     }
 
     fn lease(&self) -> Duration {

@@ -55,6 +55,12 @@ impl Keys {
         format!("{}:once:{guard}", self.tag)
     }
 
+    /// The sorted set of this queue's running jobs marked cancelled (scored by when each mark
+    /// lapses, ms).
+    pub(crate) fn cancelled(&self) -> String {
+        format!("{}:cancelled", self.tag)
+    }
+
     /// Whether `name` is a dead stream.
     pub(crate) fn is_dead(name: &str) -> bool {
         name.ends_with(DEAD_SUFFIX)

@@ -186,6 +186,7 @@ pub mod prelude {
 
 mod activity;
 mod broker;
+mod cancel;
 mod claim;
 mod conn;
 mod dead;

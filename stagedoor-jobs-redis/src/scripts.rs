@@ -498,3 +498,39 @@ return 0
 ",
     )
 });
+
+/// KEYS: delayed, ids. ARGV: member, job_id. Removes a delayed job (cancelled) if its member is
+/// still there; 1 when it was.
+pub(crate) static CANCEL_DELAYED: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('SREM', KEYS[2], ARGV[2])
+  return 1
+end
+return 0
+",
+    )
+});
+
+/// KEYS: stream, ids, cancelled. ARGV: entry_id, job_id, group, now_ms, until_ms. Cancels the
+/// job of stream entry `entry_id`: an entry being run (pending in the group) gets its job id
+/// marked in `cancelled` until `until_ms` (2); an entry waiting is deleted with its id (1); an
+/// entry gone meanwhile: 0. Runs on a full server (it frees more than it adds).
+pub(crate) static CANCEL_ENTRY: LazyLock<OomScript> = LazyLock::new(|| {
+    OomScript::new(
+        r"
+local ok, p = pcall(redis.call, 'XPENDING', KEYS[1], ARGV[3], ARGV[1], ARGV[1], 1)
+if ok and #p == 1 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', ARGV[4])
+  redis.call('ZADD', KEYS[3], ARGV[5], ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[5]) - tonumber(ARGV[4]) + 60000)
+  return 2
+end
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end
+redis.call('XDEL', KEYS[1], ARGV[1])
+redis.call('SREM', KEYS[2], ARGV[2])
+return 1
+",
+    )
+});

@@ -431,6 +431,15 @@ impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
         self.broker.noted(done)
     }
 
+    async fn cancelled(
+        &self,
+        queue: &str,
+        ids: &[stagedoor_jobs::JobId],
+    ) -> Result<Vec<stagedoor_jobs::JobId>, BrokerError> {
+        let found = self.cancel_marks(queue, ids).await;
+        self.broker.noted(found)
+    }
+
     async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
         let t = self.database_time().await;
         self.broker.noted(t).map(Some)

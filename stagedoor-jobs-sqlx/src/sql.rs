@@ -224,6 +224,10 @@ pub(crate) struct Statements {
     pub(crate) delayed: Stmt,
     pub(crate) replay_group: Stmt,
     pub(crate) purge: Stmt,
+    /// Deletes row `id` of a group unless it is leased (running): a cancel.
+    pub(crate) cancel: Stmt,
+    /// Whether row `id` of a group is there.
+    pub(crate) exists: Stmt,
     pub(crate) next_due: Stmt,
     pub(crate) delete_by_id: Stmt,
     /// A replayed row: no lease, due now, attempt reset to 1.
@@ -312,6 +316,8 @@ impl Statements {
             delayed,
             replay_group,
             purge,
+            cancel,
+            exists,
         } = inspect::build(&n);
         Self {
             table,
@@ -332,6 +338,8 @@ impl Statements {
             delayed,
             replay_group,
             purge,
+            cancel,
+            exists,
             next_due,
             delete_by_id,
             clear_lease,

@@ -345,6 +345,25 @@ pub trait DeadLetters: Inspect {
     /// How many dead letters `dead` holds.
     fn dead_len(&self, dead: &str) -> impl Future<Output = Result<u64, BrokerError>> + Send;
 
+    /// Cancels job `id` of `queue`: a waiting or delayed job is removed (it will not run); a
+    /// running one is marked, so that its handler's [`Cancellation`](crate::Cancellation)
+    /// fires (the runtime asks [`Broker::cancelled`] every third of the lease) and it is
+    /// dropped when its handler returns, recorded as cancelled. The default cannot cancel and
+    /// says so.
+    fn cancel(
+        &self,
+        queue: &str,
+        id: &JobId,
+    ) -> impl Future<Output = Result<Cancelled, BrokerError>> + Send {
+        let _ = (queue, id);
+        async {
+            Err(BrokerError::Backend(format!(
+                "the {} broker cannot cancel jobs: implement `DeadLetters::cancel` and `Broker::cancelled`",
+                self.backend()
+            )))
+        }
+    }
+
     /// The dead letter a failure goes to when the mount declares none (a job of a kind nobody
     /// handles, a payload that cannot be parsed): `<stream>:dead`, `<group>.dead`.
     fn default_dead_letter(&self, queue: &str) -> String;
@@ -425,6 +444,18 @@ pub trait Locks: Inspect {
         let _ = (key, tokens);
         async { Err(no_permits(self.backend())) }
     }
+}
+
+/// What [`DeadLetters::cancel`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The job was waiting or delayed: it is removed and will not run.
+    Removed,
+    /// The job is running (claimed by a worker): its handler's cancellation fires, and the job
+    /// is dropped when the handler returns.
+    Running,
+    /// No job of this id is in the queue (it finished, or never was).
+    NotFound,
 }
 
 /// What [`Locks::take_permits`] did.
@@ -580,6 +611,18 @@ pub trait Broker: DeadLetters + Locks + Activity {
     ) -> impl Future<Output = Result<bool, BrokerError>> + Send {
         let _ = (queue, guard, job_id, ttl);
         async { Ok(false) }
+    }
+
+    /// Which of `ids` (jobs of `queue` this worker runs) were cancelled while running
+    /// ([`DeadLetters::cancel`]). The runtime asks every third of the lease while a queue has
+    /// jobs running: one call per queue, not per job. The default: none.
+    fn cancelled(
+        &self,
+        queue: &str,
+        ids: &[JobId],
+    ) -> impl Future<Output = Result<Vec<JobId>, BrokerError>> + Send {
+        let _ = (queue, ids);
+        async { Ok(Vec::new()) }
     }
 
     /// How long a claim holds a job; the runtime renews a held delivery every third of it. The

@@ -15,6 +15,7 @@ pub struct JobContext {
     queue: Arc<str>,
     envelope: Envelope,
     state: Arc<State>,
+    cancellation: Cancellation,
 }
 
 impl JobContext {
@@ -24,7 +25,14 @@ impl JobContext {
             queue,
             envelope,
             state,
+            cancellation: Cancellation::default(),
         }
+    }
+    /// The context with `cancellation` as the job's (the runtime's, fired by
+    /// [`DeadLetters::cancel`](crate::DeadLetters::cancel)).
+    pub fn with_cancellation(mut self, cancellation: Cancellation) -> Self {
+        self.cancellation = cancellation;
+        self
     }
     /// The queue the job was delivered from.
     pub fn queue(&self) -> &str {
@@ -72,14 +80,44 @@ impl fmt::Debug for State {
 #[error("{0}")]
 pub struct Rejection(pub String);
 
+/// A running job's cancellation, as its handler sees it: `cancel: Cancellation` among the
+/// handler's arguments. [`DeadLetters::cancel`](crate::DeadLetters::cancel) (or
+/// `stagedoor-jobs cancel`) of a running job fires it within about a third of the lease; the
+/// handler may stop early (`cancel.cancelled().await` in a `select!`, or `is_cancelled()`
+/// between steps). Whatever it returns then, the job is dropped, recorded as cancelled (the
+/// log, the `TestApp`'s `Outcome::Cancelled`): a cancelled job is never retried.
+#[derive(Clone, Debug, Default)]
+pub struct Cancellation(tokio_util::sync::CancellationToken);
+
+impl Cancellation {
+    /// Whether the job was cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.is_cancelled()
+    }
+    /// Waits until the job is cancelled (forever if it never is).
+    pub async fn cancelled(&self) {
+        self.0.cancelled().await
+    }
+    /// Fires it.
+    pub(crate) fn cancel(&self) {
+        self.0.cancel()
+    }
+}
+
+impl FromJob for Cancellation {
+    fn from_job(job: &JobContext) -> Result<Self, Rejection> {
+        Ok(job.cancellation.clone())
+    }
+}
+
 /// A handler argument taken from the delivery.
 ///
-/// Implemented by [`Ctx<K>`] for every key of [`keys`] and by [`Data<T>`]; implement it for
+/// Implemented by [`Ctx<K>`] for every key of [`keys`], by [`Data<T>`] and by [`Cancellation`]; implement it for
 /// your own types to extract anything else from a [`JobContext`].
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an extractor, so it cannot be an argument of a job handler",
     label = "not an extractor",
-    note = "a handler takes its message first (`msg: &T`); every other argument is an extractor: `Ctx<keys::Attempt>`, `Ctx<keys::JobId>`, `Ctx<keys::Kind>`, `Ctx<keys::EnqueuedAt>`, `Ctx<keys::RequestId>`, `Ctx<keys::Trace>`, `Ctx<keys::Queue>`, `Data<T>`",
+    note = "a handler takes its message first (`msg: &T`); every other argument is an extractor: `Ctx<keys::Attempt>`, `Ctx<keys::JobId>`, `Ctx<keys::Kind>`, `Ctx<keys::EnqueuedAt>`, `Ctx<keys::RequestId>`, `Ctx<keys::Trace>`, `Ctx<keys::Queue>`, `Data<T>`, `Cancellation`",
     note = "or implement `stagedoor_jobs::FromJob` for `{Self}`"
 )]
 pub trait FromJob: Sized + Send + 'static {

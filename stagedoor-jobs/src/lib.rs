@@ -107,12 +107,12 @@ pub mod testing;
 
 pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate, UNCAPPED_FLOOR};
 pub use broker::{
-    Activity, Broker, BrokerError, DeadLetter, DeadLetters, DeadSelector, Inspect, Locks, Permits,
-    Publish, Published, QueueStats, ReplayReport,
+    Activity, Broker, BrokerError, Cancelled, DeadLetter, DeadLetters, DeadSelector, Inspect,
+    Locks, Permits, Publish, Published, QueueStats, ReplayReport,
 };
 pub use clock::{Clock, SYNC_EVERY};
 pub use envelope::{Envelope, Headers, Job, JobId, RunAt, UNIQUE_HEADER, UNIQUE_PENDING_MAX};
-pub use extract::{Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
+pub use extract::{Cancellation, Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
 pub use handler::{BoxFuture, Handler, HandlerFn};
 pub use health::{Health, LoopState, QueueHealth, ServiceState, TaskHealth};
 pub use inbox::Inbox;

@@ -14,8 +14,8 @@ use crate::activity::{
 };
 use crate::broker::Activity;
 use crate::broker::{
-    Broker, BrokerError, DeadLetter, DeadSelector, Delivery, MountInfo, Permits, Problem,
-    Published, QueueStats, ReplayReport, Settled, Settlement,
+    Broker, BrokerError, Cancelled, DeadLetter, DeadSelector, Delivery, MountInfo, Permits,
+    Problem, Published, QueueStats, ReplayReport, Settled, Settlement,
 };
 use crate::broker::{DeadLetters, Inspect, Locks};
 use crate::clock::{Clock, chrono_duration};
@@ -61,6 +61,8 @@ struct MemQueue {
     running: HashMap<u64, Running>,
     /// Ids of every job in the queue, waiting or running.
     ids: HashSet<JobId>,
+    /// Running jobs cancelled (until they are settled).
+    cancelled: HashSet<JobId>,
 }
 
 #[derive(Clone, Debug)]
@@ -266,6 +268,28 @@ impl Inspect for MemoryBroker {
 }
 
 impl DeadLetters for MemoryBroker {
+    async fn cancel(&self, queue: &str, id: &JobId) -> Result<Cancelled, BrokerError> {
+        let mut mem = self.mem();
+        let Some(q) = mem.queues.get_mut(queue) else {
+            return Ok(Cancelled::NotFound);
+        };
+        if let Some(key) = q
+            .waiting
+            .iter()
+            .find(|(_, s)| s.envelope.id() == id)
+            .map(|(k, _)| *k)
+        {
+            q.waiting.remove(&key);
+            q.ids.remove(id);
+            return Ok(Cancelled::Removed);
+        }
+        if q.running.values().any(|r| r.stored.envelope.id() == id) {
+            q.cancelled.insert(id.clone());
+            return Ok(Cancelled::Running);
+        }
+        Ok(Cancelled::NotFound)
+    }
+
     async fn dead_letters(
         &self,
         dead: &str,
@@ -626,6 +650,7 @@ impl Broker for MemoryBroker {
                 return Ok(Settled::LeaseLost);
             };
             let mut stored = running.stored;
+            q.cancelled.remove(stored.envelope.id());
             match settlement {
                 Settlement::Ack | Settlement::Drop => {
                     q.ids.remove(stored.envelope.id());
@@ -716,6 +741,18 @@ impl Broker for MemoryBroker {
             }
             _ => Ok(false),
         }
+    }
+
+    async fn cancelled(&self, queue: &str, ids: &[JobId]) -> Result<Vec<JobId>, BrokerError> {
+        let mem = self.mem();
+        Ok(match mem.queues.get(queue) {
+            Some(q) => ids
+                .iter()
+                .filter(|id| q.cancelled.contains(*id))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        })
     }
 
     fn lease(&self) -> Duration {

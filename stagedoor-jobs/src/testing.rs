@@ -54,6 +54,9 @@ pub enum Outcome {
     Acked,
     /// `drop()`.
     Dropped,
+    /// Cancelled while running ([`DeadLetters::cancel`](crate::DeadLetters::cancel)): dropped,
+    /// whatever the handler answered.
+    Cancelled,
     /// A failed attempt, to be retried after `delay`.
     Retried {
         /// The delay before the next attempt.
@@ -96,9 +99,18 @@ pub struct Record {
 #[derive(Default)]
 struct Recorder {
     records: Mutex<Vec<Record>>,
+    /// Jobs cancelled while running, whose next `Drop` is recorded as cancelled.
+    cancelled: Mutex<std::collections::HashSet<JobId>>,
 }
 
 impl Observer for Recorder {
+    fn cancelled(&self, _queue: &str, envelope: &Envelope) {
+        self.cancelled
+            .lock()
+            .expect("recorder lock")
+            .insert(envelope.id().clone());
+    }
+
     fn lease_lost(&self, subscriber: &str, queue: &str, envelope: &Envelope) {
         let mut records = self.records.lock().expect("recorder lock");
         if let Some(pos) = records.iter().rposition(|r| {
@@ -114,6 +126,15 @@ impl Observer for Recorder {
     fn settled(&self, subscriber: &str, queue: &str, envelope: &Envelope, settlement: &Settlement) {
         let outcome = match settlement {
             Settlement::Ack => Outcome::Acked,
+            Settlement::Drop
+                if self
+                    .cancelled
+                    .lock()
+                    .expect("recorder lock")
+                    .remove(envelope.id()) =>
+            {
+                Outcome::Cancelled
+            }
             Settlement::Drop => Outcome::Dropped,
             Settlement::Retry { delay, failure } => Outcome::Retried {
                 delay: *delay,
@@ -264,6 +285,15 @@ impl TestApp {
         self.running().publish(job).await
     }
 
+    /// Cancels job `id` of `queue` ([`Running::cancel`]).
+    pub async fn cancel(
+        &self,
+        queue: &str,
+        id: &JobId,
+    ) -> Result<crate::broker::Cancelled, BrokerError> {
+        self.running().cancel(queue, id).await
+    }
+
     fn subscribed(&self) -> Vec<(&Arc<dyn ErasedRoute>, &str)> {
         let mut out: Vec<(&Arc<dyn ErasedRoute>, &str)> = Vec::new();
         for r in &self.routes {
@@ -308,9 +338,7 @@ impl TestApp {
                 // runs out: on the paused clock that is for `advance` to reach.
                 if !self.live
                     && let Some(r) = &self.running
-                    && crate::health::lock(&r.held_back)
-                        .get(queue)
-                        .is_some_and(|t| *t > self.now())
+                    && r.held_back.held_until(queue, self.now()).is_some()
                 {
                     continue;
                 }
@@ -395,9 +423,9 @@ impl TestApp {
             let mut next: Option<DateTime<Utc>> = self.next_tick();
             // A queue held back by a global limit is due again when its first permit runs out.
             if let Some(r) = &self.running {
-                for t in crate::health::lock(&r.held_back).values() {
-                    if *t > self.clock.now() {
-                        next = Some(next.map_or(*t, |n| n.min(*t)));
+                for t in r.held_back.times() {
+                    if t > self.clock.now() {
+                        next = Some(next.map_or(t, |n| n.min(t)));
                     }
                 }
             }

@@ -4,17 +4,77 @@
 use std::sync::Arc;
 
 use stagedoor_jobs::Inbox;
+use stagedoor_jobs::JobId;
 use stagedoor_jobs::broker::{
-    BrokerError, DeadLetter, DeadLetters, DeadSelector, Inspect, ReplayReport,
+    BrokerError, Cancelled, DeadLetter, DeadLetters, DeadSelector, Inspect, ReplayReport,
 };
 
-use super::{SqlxRoute, run_in};
+use super::{SqlxRoute, fetch_in, run_in};
+use crate::dialect::sealed::Value;
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::headers::HeaderDoc;
+use crate::locks::{ensure_bookkeeping, take_lock};
 use crate::receipt::IdValue;
 use crate::rows::Vals;
 
+/// How long the mark of a running job's cancellation lasts: its worker looks every third of
+/// its lease, so this is many looks; a job republished under the same id within it is
+/// cancelled too.
+pub(crate) fn cancel_mark_ttl(lease: std::time::Duration) -> std::time::Duration {
+    (lease * 10).max(std::time::Duration::from_secs(60))
+}
+
+/// The `stagedoor_locks` key marking job `id` of `queue` cancelled while running.
+pub(crate) fn cancel_mark(queue: &str, id: &str) -> String {
+    format!("cancel:{queue}:{id}")
+}
+
 impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
+    async fn cancel(&self, queue: &str, id: &JobId) -> Result<Cancelled, BrokerError> {
+        // The row of the job: its id is the row's, or the one its headers keep. Reading the
+        // group's rows is an operator's step, not a job path's (see the README).
+        let found = self
+            .dead_letters(queue, &DeadSelector::Id(id.to_string()), usize::MAX)
+            .await?
+            .into_iter()
+            .find(|d| d.envelope.id() == id || d.id == id.as_str());
+        let Some(d) = found else {
+            return Ok(Cancelled::NotFound);
+        };
+        let stmts = self.stmts_for(queue)?;
+        let v = Vals {
+            id: Some(IdValue::parse(&stmts.table, &d.id)?),
+            group: Some(queue.to_owned()),
+            now: Some(self.broker.now()),
+            ..Vals::default()
+        };
+        let pool = self.pool()?;
+        let mut conn = acquire(pool).await?;
+        if run_in::<DB>(&mut conn, &stmts.cancel, &v, &stmts.table).await? > 0 {
+            return Ok(Cancelled::Removed);
+        }
+        // Leased: running. Marked first, then looked for again, so that a job finishing
+        // meanwhile is reported as not found rather than running.
+        ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
+        let now = self.broker.now();
+        let until =
+            now + stagedoor_jobs::broker::chrono_duration(cancel_mark_ttl(self.broker.lease));
+        take_lock::<DB>(
+            &mut conn,
+            &cancel_mark(queue, id.as_str()),
+            "cancel",
+            until,
+            now,
+        )
+        .await?;
+        let still = fetch_in::<DB>(&mut conn, &stmts.exists, &v, &stmts.table).await?;
+        Ok(if still.is_empty() {
+            Cancelled::NotFound
+        } else {
+            Cancelled::Running
+        })
+    }
+
     async fn dead_letters(
         &self,
         dead: &str,
@@ -130,5 +190,45 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
         } else {
             format!("{}_dead", self.table().name)
         }
+    }
+}
+
+impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
+    /// [`Broker::cancelled`](stagedoor_jobs::Broker::cancelled): which of `ids` have a
+    /// cancellation mark in `stagedoor_locks`.
+    pub(super) async fn cancel_marks(
+        &self,
+        queue: &str,
+        ids: &[JobId],
+    ) -> Result<Vec<JobId>, BrokerError> {
+        let pool = self.pool()?;
+        ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
+        let now = self.broker.now();
+        let mut found = Vec::new();
+        let mut conn = acquire(pool).await?;
+        for chunk in ids.chunks(500) {
+            let marks: Vec<String> = chunk
+                .iter()
+                .map(|i| cancel_mark(queue, i.as_str()))
+                .collect();
+            let list = (2..marks.len() + 2)
+                .map(|i| format!("${i}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let sql = format!(
+                "SELECT lock_key FROM stagedoor_locks WHERE until_at > $1 AND lock_key IN ({list})"
+            );
+            let mut binds = vec![Value::Time(Some(now))];
+            binds.extend(marks.iter().map(|m| Value::Text(Some(m.clone()))));
+            let rows = DB::fetch(&mut conn, sql, binds).await.map_err(db_err)?;
+            for row in &rows {
+                if let Some(key) = DB::text(row, 0).map_err(db_err)?
+                    && let Some(i) = marks.iter().position(|m| *m == key)
+                {
+                    found.push(chunk[i].clone());
+                }
+            }
+        }
+        Ok(found)
     }
 }

@@ -11,6 +11,8 @@ pub(super) struct Inspects {
     pub(super) delayed: Stmt,
     pub(super) replay_group: Stmt,
     pub(super) purge: Stmt,
+    pub(super) cancel: Stmt,
+    pub(super) exists: Stmt,
 }
 
 pub(super) fn build(n: &Names) -> Inspects {
@@ -91,11 +93,30 @@ pub(super) fn build(n: &Names) -> Inspects {
         purge.sql = format!("DELETE FROM {t} WHERE {idc} AND {gc}");
     }
 
+    let mut cancel = Stmt::default();
+    {
+        let idc = n.id_cond(&mut cancel);
+        let gc = n.group_cond(&mut cancel);
+        let now = cancel.p(P::Now);
+        cancel.sql = format!(
+            "DELETE FROM {t} WHERE {idc} AND {gc} AND ({locked} IS NULL OR {locked} <= {now})"
+        );
+    }
+
+    let mut exists = Stmt::default();
+    {
+        let idc = n.id_cond(&mut exists);
+        let gc = n.group_cond(&mut exists);
+        exists.sql = format!("SELECT {id} FROM {t} WHERE {idc} AND {gc}");
+    }
+
     Inspects {
         stats,
         list,
         delayed,
         replay_group,
         purge,
+        cancel,
+        exists,
     }
 }

@@ -57,6 +57,7 @@
 //!   `publish_once`;
 //! - `crash_and_lease.rs`: concurrency, shutdown, abandoned jobs, leases and their fence;
 //! - `headers_and_stats.rs`: the request id and trace, the queue stats;
+//! - `cancel.rs`: cancelling waiting, delayed and running jobs;
 //! - `unique.rs`: unique jobs, their window, racing publishes, keys by payload;
 //! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
 //! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
@@ -64,6 +65,7 @@
 //! - `support.rs`: what the rows share (timings, the test job, the probe, the handlers).
 
 mod activity;
+mod cancel;
 mod caps_and_dead_letters;
 mod crash_and_lease;
 mod fixture;
@@ -78,6 +80,9 @@ mod unique;
 pub use activity::{
     delayed_lists_future_jobs_soonest_first, reported_counts_add_up_per_queue_and_minute,
     worker_report_not_renewed_within_its_ttl_is_gone, worker_reports_are_listed_and_replaced,
+};
+pub use cancel::{
+    cancel_of_a_running_job_fires_its_cancellation, cancel_removes_waiting_and_delayed_jobs,
 };
 pub use caps_and_dead_letters::{
     a_job_that_cannot_be_read_is_dead_lettered_alone, cap_reached_moves_the_job_to_its_dead_letter,
@@ -206,6 +211,8 @@ macro_rules! conformance_tests {
             unique_job_is_held_until_its_window_after_it_finished
             unique_publishes_at_once_store_one_job
             unique_by_payload_stores_a_message_once
+            cancel_removes_waiting_and_delayed_jobs
+            cancel_of_a_running_job_fires_its_cancellation
         );
     };
     ($fixture:expr $(,)?) => {

@@ -84,6 +84,8 @@ pub(super) struct Probe {
     pub(super) healed: AtomicBool,
     pub(super) open: AtomicBool,
     pub(super) panic_line: AtomicU32,
+    /// A handler saw its job's cancellation fire.
+    pub(super) saw_cancel: AtomicBool,
 }
 
 impl Probe {

@@ -10,7 +10,7 @@ use tracing::Instrument;
 use super::worker::{MountRt, Worker};
 use crate::broker::{Broker, Delivery, Settlement};
 use crate::envelope::Envelope;
-use crate::extract::JobContext;
+use crate::extract::{Cancellation, JobContext};
 use crate::handler::Ran;
 use crate::mount::{MountSpec, OnDecodeError};
 use crate::outcome::{Failure, FailureCause, Verdict};
@@ -27,7 +27,7 @@ impl<B: Broker> Worker<B> {
         Some(&self.mounts[i])
     }
 
-    pub(super) async fn process(&self, delivery: Delivery<B::Receipt>) {
+    pub(super) async fn process(&self, delivery: Delivery<B::Receipt>, cancel: Cancellation) {
         let env = &delivery.envelope;
         let span = tracing::info_span!(
             "job",
@@ -78,17 +78,33 @@ impl<B: Broker> Worker<B> {
             let run = async {
                 // A mount's permits are never closed: nothing calls `close` on them.
                 let _slot = mount.permits.acquire().await.expect("semaphore never closed");
-                let ctx = Arc::new(JobContext::new(
-                    Arc::clone(&self.queue.name),
-                    env.clone(),
-                    Arc::clone(&self.ctx.state),
-                ));
+                if cancel.is_cancelled() {
+                    return None;
+                }
+                let ctx = Arc::new(
+                    JobContext::new(
+                        Arc::clone(&self.queue.name),
+                        env.clone(),
+                        Arc::clone(&self.ctx.state),
+                    )
+                    .with_cancellation(cancel.clone()),
+                );
                 let started = std::time::Instant::now();
                 let ran = CatchPanic::new(spec.handler.run(ctx)).await;
                 crate::counters::handler_duration(&self.queue.name, env.kind(), started.elapsed());
-                ran
+                Some(ran)
             };
             let ran = self.with_renewal(&delivery, run).await;
+            // A job cancelled while it ran (or waited for its slot) is dropped, whatever its
+            // handler answered.
+            let Some(ran) = ran.filter(|_| !cancel.is_cancelled()) else {
+                tracing::info!("cancelled: dropped");
+                for o in self.ctx.observers.iter() {
+                    o.cancelled(&self.queue.name, env);
+                }
+                self.settle(&spec.subscriber, &delivery, Settlement::Drop).await;
+                return;
+            };
             let settlement = match ran {
                 Ok(Ran::Verdict(Verdict::Ack)) => Settlement::Ack,
                 Ok(Ran::Verdict(Verdict::Drop)) => {

@@ -157,10 +157,11 @@ impl Limiter {
             running.truncate(got.taken);
             n = got.taken;
             if n == 0 {
-                // Permits are given back at settlements, well before they run out.
+                // Permits are given back at settlements, well before they run out: no time
+                // has to pass for one to free.
                 return Ok(Err(Full {
                     wait: RUNNING_FULL_WAIT,
-                    next_free: got.next_free,
+                    next_free: None,
                 }));
             }
             lock(&self.held).extend(running.iter().cloned());

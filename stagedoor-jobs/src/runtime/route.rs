@@ -81,6 +81,11 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
         dead: &'a str,
         sel: &'a DeadSelector,
     ) -> BoxFuture<'a, Result<u64, BrokerError>>;
+    fn cancel<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a crate::JobId,
+    ) -> BoxFuture<'a, Result<crate::broker::Cancelled, BrokerError>>;
     /// The queues started by [`spawn`](Self::spawn): their in-flight counters and tallies.
     fn activity(&self) -> Vec<Arc<QueueActivity>>;
     /// [`Activity::report`](crate::Activity::report) through the broker.
@@ -253,6 +258,8 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                     slots: Arc::new(Semaphore::new(capacity)),
                     running: Mutex::new(JoinSet::new()),
                     limiter: limits.map(|l| Limiter::new(&q.name, l)),
+                    cancels: Mutex::new(HashMap::new()),
+                    held_id: ctx.held_back.register(&q.name),
                 };
                 handles.push(tokio::spawn(Arc::new(worker).run()));
             }
@@ -366,6 +373,13 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
         sel: &'a DeadSelector,
     ) -> BoxFuture<'a, Result<u64, BrokerError>> {
         Box::pin(self.broker.purge(dead, sel))
+    }
+    fn cancel<'a>(
+        &'a self,
+        queue: &'a str,
+        id: &'a crate::JobId,
+    ) -> BoxFuture<'a, Result<crate::broker::Cancelled, BrokerError>> {
+        Box::pin(self.broker.cancel(queue, id))
     }
     fn activity(&self) -> Vec<Arc<QueueActivity>> {
         lock(&self.activity).clone()

@@ -88,6 +88,10 @@ pub(super) struct Worker<B> {
     pub(super) tally: Arc<Tally>,
     /// The queue's global limits, when its mounts declare any.
     pub(super) limiter: Option<Limiter>,
+    /// This worker's id in [`RunCtx::held_back`](super::context::RunCtx::held_back).
+    pub(super) held_id: u64,
+    /// The cancellation of each delivery in flight, by job id.
+    pub(super) cancels: Mutex<HashMap<crate::JobId, crate::Cancellation>>,
 }
 
 impl<B: Broker> Worker<B> {
@@ -95,16 +99,20 @@ impl<B: Broker> Worker<B> {
     /// the running handlers.
     pub(super) async fn run(self: Arc<Self>) {
         let w = Arc::clone(&self);
-        // The global concurrency permits are renewed until every handler is done. The loop
-        // cannot fail (it logs and tries again) and is aborted here.
-        let renewer = self.limiter.is_some().then(|| {
+        // The global concurrency permits are renewed, and the running jobs' cancellations
+        // looked for, until every handler is done. The loops cannot fail (they log and try
+        // again) and are aborted here.
+        let renewer = {
             let w = Arc::clone(&self);
             tokio::spawn(async move {
-                if let Some(l) = &w.limiter {
-                    l.renew_loop(&w.broker).await;
-                }
+                let permits = async {
+                    if let Some(l) = &w.limiter {
+                        l.renew_loop(&w.broker).await;
+                    }
+                };
+                tokio::join!(permits, w.watch_cancels());
             })
-        });
+        };
         supervise(
             Arc::clone(&self.health),
             Arc::clone(&self.ctx.board),
@@ -113,8 +121,43 @@ impl<B: Broker> Worker<B> {
         )
         .await;
         self.finish().await;
-        if let Some(r) = renewer {
-            r.abort();
+        renewer.abort();
+    }
+
+    /// Every third of the lease while jobs run: asks the broker which were cancelled and fires
+    /// their cancellations.
+    async fn watch_cancels(&self) {
+        let every = (self.broker.lease() / 3).max(Duration::from_millis(10));
+        let mut failing = false;
+        loop {
+            tokio::time::sleep(every).await;
+            let ids: Vec<crate::JobId> = lock(&self.cancels)
+                .iter()
+                .filter(|(_, c)| !c.is_cancelled())
+                .map(|(id, _)| id.clone())
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            match self.broker.cancelled(&self.queue.name, &ids).await {
+                Ok(cancelled) => {
+                    failing = false;
+                    let cancels = lock(&self.cancels);
+                    for id in cancelled {
+                        if let Some(c) = cancels.get(&id) {
+                            tracing::info!(queue = %self.queue.name, job_id = %id, "cancelled while running: its handler's Cancellation fires");
+                            c.cancel();
+                        }
+                    }
+                }
+                Err(e) if failing => {
+                    tracing::debug!(error = %e, "could not look for cancelled jobs")
+                }
+                Err(e) => {
+                    failing = true;
+                    tracing::warn!(queue = %self.queue.name, error = %e, "could not look for cancelled jobs: trying again every {every:?}");
+                }
+            }
         }
     }
 
@@ -158,18 +201,19 @@ impl<B: Broker> Worker<B> {
             if let Some(l) = &self.limiter {
                 match l.take(&self.broker, asked).await {
                     Ok(Ok(g)) => {
-                        lock(&self.ctx.held_back).remove(&*self.queue.name);
+                        self.ctx.held_back.set(&self.queue.name, self.held_id, None);
                         asked = g.n;
                         permits.truncate(asked);
                         grant = Some(g);
                     }
                     Ok(Err(full)) => {
                         drop(permits);
-                        if let Some(d) = full.next_free {
-                            let until =
-                                self.broker.clock().now() + crate::clock::chrono_duration(d);
-                            lock(&self.ctx.held_back).insert(self.queue.name.to_string(), until);
-                        }
+                        let until = full
+                            .next_free
+                            .map(|d| self.broker.clock().now() + crate::clock::chrono_duration(d));
+                        self.ctx
+                            .held_back
+                            .set(&self.queue.name, self.held_id, until);
                         tokio::select! {
                             _ = tokio::time::sleep(full.wait) => {}
                             _ = stop.changed() => return,
@@ -260,8 +304,12 @@ impl<B: Broker> Worker<B> {
     ) {
         let done = InFlight::new(&self.ctx.in_flight, &self.health.in_flight);
         let w = Arc::clone(self);
+        let id = delivery.envelope.id().clone();
+        let cancel = crate::Cancellation::default();
+        lock(&self.cancels).insert(id.clone(), cancel.clone());
         lock(&self.running).spawn(async move {
-            w.process(delivery).await;
+            w.process(delivery, cancel).await;
+            lock(&w.cancels).remove(&id);
             if let (Some(l), Some(token)) = (&w.limiter, global) {
                 l.release_running(&w.broker, vec![token]).await;
             }

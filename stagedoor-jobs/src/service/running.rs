@@ -55,6 +55,22 @@ impl Running {
         route.publish(job).await
     }
 
+    /// Cancels job `id` of `queue` through the broker that serves the queue (the first broker
+    /// when none mounts it): see [`DeadLetters::cancel`](crate::DeadLetters::cancel).
+    pub async fn cancel(
+        &self,
+        queue: &str,
+        id: &crate::JobId,
+    ) -> Result<crate::broker::Cancelled, BrokerError> {
+        let route = self
+            .routes
+            .iter()
+            .find(|r| r.mounts().iter().any(|m| m.queue == queue))
+            .or_else(|| self.routes.first())
+            .ok_or_else(|| BrokerError::UnknownQueue(queue.to_owned()))?;
+        route.cancel(queue, id).await
+    }
+
     /// The health of every queue's claim loop, of the service's other tasks and of the service
     /// itself: what a readiness probe reads ([`Health::is_healthy`]).
     pub fn health(&self) -> Health {

@@ -287,7 +287,7 @@ impl Service {
             routes: self.routes,
             in_flight,
             progress,
-            held_back: Arc::clone(&ctx.held_back),
+            held_back: ctx.held_back.clone(),
         })
     }
 
