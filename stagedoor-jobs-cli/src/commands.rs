@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use stagedoor_jobs::{BrokerError, DeadLetter, DeadLetters, DeadSelector, ReplayReport};
+use stagedoor_jobs::{BrokerError, Cancelled, DeadLetter, DeadLetters, DeadSelector, ReplayReport};
 
 use super::backend::Ctx;
 use super::error::{FAILED, Failure, OK};
@@ -61,6 +61,7 @@ pub(crate) async fn run<B: DeadLetters>(
             purge(b, ctx, out, &dead, selector(select), dry_run, yes).await
         }
         // Served by `dashboard::serve` before the commands run.
+        Command::Cancel { queue, id } => cancel(b, ctx, out, &queue, &id).await,
         Command::Dashboard(_) => Err(Failure::usage(
             "the dashboard is not a listing command: run `stagedoor-jobs dashboard`",
         )),
@@ -163,6 +164,57 @@ async fn queues<B: DeadLetters>(b: &B, ctx: &Ctx, out: &Out) -> Result<u8, Failu
 }
 
 /// The dead letter that QUEUE names (QUEUE, or its default dead letter), checked to exist.
+/// `cancel QUEUE ID`.
+async fn cancel<B: DeadLetters>(
+    b: &B,
+    ctx: &Ctx,
+    out: &Out,
+    queue: &str,
+    id: &str,
+) -> Result<u8, Failure> {
+    let job = stagedoor_jobs::JobId::from_string(id);
+    let what = b.cancel(queue, &job).await.map_err(Failure::broker)?;
+    if what == Cancelled::NotFound {
+        let names = ctx.queues(b).await.map_err(Failure::broker)?;
+        if !names.iter().any(|n| n == queue) {
+            return Err(Failure::not_found(format!(
+                "unknown queue `{queue}`: {} has no queue of that name (`stagedoor-jobs queues` lists them)",
+                ctx.place
+            )));
+        }
+    }
+    let (word, line) = match what {
+        Cancelled::Removed => (
+            "removed",
+            format!(
+                "cancelled job {id} of `{queue}`: it was waiting, and is removed; it will not run"
+            ),
+        ),
+        Cancelled::Running => (
+            "running",
+            format!(
+                "cancelled job {id} of `{queue}`: it is running; its handler is told to stop, and the job is dropped when the handler returns"
+            ),
+        ),
+        Cancelled::NotFound => (
+            "not_found",
+            format!("no job {id} in `{queue}`: it finished, was cancelled already, or never was"),
+        ),
+    };
+    if out.json {
+        out.json(&serde_json::json!({ "queue": queue, "job_id": id, "cancelled": word }));
+    } else if what == Cancelled::NotFound {
+        return Err(Failure::not_found(line));
+    } else {
+        out.line(line);
+    }
+    Ok(if what == Cancelled::NotFound {
+        super::error::NOT_FOUND
+    } else {
+        OK
+    })
+}
+
 async fn resolve<B: DeadLetters>(b: &B, ctx: &Ctx, queue: &str) -> Result<String, Failure> {
     let (source, dead) = if ctx.is_dead(queue) {
         (ctx.source_of(queue), queue.to_owned())

@@ -10,11 +10,12 @@
 //! stagedoor-jobs --url sqlite://mail.db --table mail_jobs dead list emails
 //! stagedoor-jobs --url postgres://app@db/app --table mail_jobs dead replay emails --kind send
 //! stagedoor-jobs --url redis://127.0.0.1:6379/ dashboard --listen 127.0.0.1:8787
+//! stagedoor-jobs --url redis://127.0.0.1:6379/ cancel emails 0190c6d5e7a97b0c9f3e4a3b2c1d0e9f
 //! ```
 //!
 //! Exit codes: 0 ok, 1 the operation failed (or partly), 2 usage error, 3 cannot connect (a
 //! bad URL, a server that is down, a table that is not a job table), 4 unknown queue, dead
-//! letter or table. `stagedoor-jobs --help` lists every command and option.
+//! letter, table or job. `stagedoor-jobs --help` lists every command and option.
 //!
 //! The binary speaks every backend: Redis (a Redis Cluster when `--url` lists several
 //! `redis://` URLs separated by commas, `rediss://` for TLS), Postgres and SQLite.
@@ -48,7 +49,7 @@ pub(crate) use error::Failure;
     version,
     about = "See every queue of a stagedoor-jobs backend, read its dead letters, replay or purge them.",
     after_help = "Exit codes: 0 ok, 1 the operation failed (or partly), 2 usage error, \
-3 cannot connect (bad URL, server down, not a job table), 4 unknown queue, dead letter or table.\n\n\
+3 cannot connect (bad URL, server down, not a job table), 4 unknown queue, dead letter, table or job.\n\n\
 Examples:\n  \
 stagedoor-jobs --url redis://127.0.0.1:6379/ queues\n  \
 stagedoor-jobs --url sqlite://mail.db --table mail_jobs dead list emails\n  \
@@ -131,6 +132,16 @@ pub(crate) enum Command {
     /// Read, replay and purge the dead letters of a queue.
     #[command(subcommand)]
     Dead(Dead),
+    /// Cancel job ID of QUEUE: a waiting or delayed job is removed (it will not run); a
+    /// running one is told to stop (its handler's `Cancellation` fires within about a third
+    /// of the lease) and is dropped when its handler returns. Exit 4 when no such job is in
+    /// the queue (it finished, or never was).
+    Cancel {
+        /// The queue the job is in.
+        queue: String,
+        /// The job's id (as `publish` returned it, or as the handler's logs show it).
+        id: String,
+    },
     /// Serve the web dashboard of this backend (queues, dead letters, schedules, workers)
     /// until Ctrl-C.
     Dashboard(DashboardArgs),

@@ -23,7 +23,7 @@ use sqlx::sqlite::SqlitePoolOptions;
 use stagedoor_jobs::broker::Broker;
 use stagedoor_jobs::broker::DeadLetters;
 use stagedoor_jobs::prelude::*;
-use stagedoor_jobs::{Envelope, Inbox};
+use stagedoor_jobs::{Envelope, Inbox, Publish};
 use stagedoor_jobs_redis::RedisBroker;
 use stagedoor_jobs_sqlx::SqlxBroker;
 
@@ -1008,4 +1008,88 @@ async fn redis_cluster_lists_every_node() {
     assert_eq!(r["replayed"], 1, "{r}");
     assert_eq!(cli.queue_row("q5")["ready"], 1);
     assert_one_line(&cli.run(&["dead", "list", "q9"]), 4, "unknown queue `q9`");
+}
+
+/// `cancel QUEUE ID`: a waiting and a delayed job are removed (exit 0, their queue's counts
+/// drop); the same id again, an id never published: one line, exit 4; an unknown queue: one
+/// line naming it, exit 4; `--json` says what happened.
+async fn cancel_scenario<B: Publish>(broker: B, cli: Cli, queue: &str) {
+    broker.connect().await.expect("connect");
+    let now = broker
+        .publish_job(Job::new(queue, &Ticket { order_id: 1 }).expect("encode"))
+        .await
+        .expect("publish");
+    let later = broker
+        .publish_job(
+            Job::new(queue, &Ticket { order_id: 2 })
+                .expect("encode")
+                .after(Duration::from_secs(3600)),
+        )
+        .await
+        .expect("publish");
+    broker
+        .publish_job(Job::new(queue, &Ticket { order_id: 3 }).expect("encode"))
+        .await
+        .expect("publish");
+
+    let r = cli.run(&["cancel", queue, now.id().as_str()]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.stdout
+            .contains("it was waiting, and is removed; it will not run"),
+        "{r:?}"
+    );
+    let v = cli.json(&["cancel", queue, later.id().as_str()]);
+    assert_eq!(v["cancelled"], "removed", "{v:#}");
+    assert_eq!(v["job_id"], later.id().as_str(), "{v:#}");
+    let row = cli.queue_row(queue);
+    assert_eq!(
+        (row["ready"].as_u64(), row["delayed"].as_u64()),
+        (Some(1), Some(0)),
+        "only the job not cancelled is left: {row:#}"
+    );
+
+    let again = cli.run(&["cancel", queue, now.id().as_str()]);
+    assert_one_line(&again, 4, &format!("no job {} in `{queue}`", now.id()));
+    let never = cli.run(&["cancel", queue, "no-such-job"]);
+    assert_one_line(
+        &never,
+        4,
+        "it finished, was cancelled already, or never was",
+    );
+    let unknown = cli.run(&["cancel", "no_such_queue", "x"]);
+    assert_one_line(&unknown, 4, "unknown queue `no_such_queue`");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_cancel() {
+    let path = fresh_sqlite().await;
+    let url = format!("sqlite://{}", path.display());
+    let route = SqlxBroker::from_url(&url, SqlitePoolOptions::new()).route::<CliJob>("emails");
+    cancel_scenario(
+        route,
+        Cli::new(&["--url", &url, "--table", "cli_jobs"]),
+        "emails",
+    )
+    .await;
+    remove_sqlite(&path);
+}
+
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cancel() {
+    let url = redis_url();
+    let ns = format!("{}:", unique("cli"));
+    let broker = RedisBroker::from_url(&url).namespace(&ns);
+    stagedoor_jobs::Inspect::connect(&broker)
+        .await
+        .expect("connect");
+    Broker::prepare(&broker, "jobs").await.expect("prepare");
+    cancel_scenario(
+        broker,
+        Cli::new(&["--url", &url, "--namespace", &ns]),
+        "jobs",
+    )
+    .await;
+    delete_redis_namespace(&ns).await;
 }

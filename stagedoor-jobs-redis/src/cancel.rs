@@ -39,17 +39,19 @@ impl RedisBroker {
                 let removed: i64 = scripts::CANCEL_DELAYED
                     .key(&keys.delayed)
                     .key(&keys.ids)
-                    .arg(member)
+                    .arg(&member)
                     .arg(id.as_str())
                     .invoke_async(&mut c)
                     .await
                     .map_err(|e| self.err(e))?;
                 if removed == 1 {
+                    self.release_unique_of(queue, &entry::unmember(&member), id)
+                        .await?;
                     return Ok(Cancelled::Removed);
                 }
                 continue;
             }
-            if let Some(entry_id) = self.find_entry(&mut c, &keys, id).await? {
+            if let Some((entry_id, fields)) = self.find_entry(&mut c, &keys, id).await? {
                 let now = ms(self.now());
                 let until = now + cancel_mark_ttl(self.lease).as_millis() as i64;
                 let r: i64 = scripts::CANCEL_ENTRY
@@ -66,7 +68,10 @@ impl RedisBroker {
                     .await
                     .map_err(|e| self.err(e))?;
                 match r {
-                    1 => return Ok(Cancelled::Removed),
+                    1 => {
+                        self.release_unique_of(queue, &Some(fields), id).await?;
+                        return Ok(Cancelled::Removed);
+                    }
                     2 => return Ok(Cancelled::Running),
                     _ => continue,
                 }
@@ -112,7 +117,7 @@ impl RedisBroker {
         c: &mut Conn,
         keys: &Keys,
         id: &JobId,
-    ) -> Result<Option<String>, BrokerError> {
+    ) -> Result<Option<(String, entry::Fields)>, BrokerError> {
         let mut end = "+".to_owned();
         loop {
             let reply: Value = cmd("XREVRANGE")
@@ -127,7 +132,7 @@ impl RedisBroker {
             let entries = value::entries(&reply);
             for (entry_id, f) in &entries {
                 if entry::text(f, "job_id").is_some_and(|j| j == id.as_str()) {
-                    return Ok(Some(entry_id.clone()));
+                    return Ok(Some((entry_id.clone(), f.clone())));
                 }
             }
             match entries.last() {
@@ -135,6 +140,26 @@ impl RedisBroker {
                 _ => return Ok(None),
             }
         }
+    }
+
+    /// Frees the unique key of a job removed before it ran (its fields `fields`).
+    async fn release_unique_of(
+        &self,
+        queue: &str,
+        fields: &Option<entry::Fields>,
+        id: &JobId,
+    ) -> Result<(), BrokerError> {
+        let Some(unique) = fields
+            .as_ref()
+            .and_then(|f| entry::text(f, &format!("h.{}", stagedoor_jobs::UNIQUE_HEADER)))
+        else {
+            return Ok(());
+        };
+        let mut headers = stagedoor_jobs::Headers::default();
+        headers
+            .extra
+            .insert(stagedoor_jobs::UNIQUE_HEADER.to_owned(), unique);
+        stagedoor_jobs::broker::release_unique(self, queue, &headers, id).await
     }
 
     /// [`Broker::cancelled`](stagedoor_jobs::Broker::cancelled) on Redis: one `ZMSCORE`.

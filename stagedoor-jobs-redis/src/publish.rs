@@ -216,7 +216,8 @@ impl RedisBroker {
             .pick(self.allow_oom())
             .key(keys.once(guard))
             .arg(job_id.as_str())
-            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1))
+            // 0 deletes the guard (a job cancelled before it ran frees its key at once).
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
             .invoke_async(&mut c)
             .await
             .map_err(|e| self.err(e))?;

@@ -653,6 +653,25 @@ pub trait Broker: DeadLetters + Locks + Activity {
     }
 }
 
+/// Frees the unique key ([`Job::unique`](crate::Job::unique)) of job `id` of `queue`, whose
+/// headers are `headers`, if the job holds it: a backend's [`DeadLetters::cancel`] calls it
+/// for a job it removed before it ran, so that the key takes a new job at once. Nothing for a
+/// job that is not unique.
+pub async fn release_unique<B: Broker>(
+    broker: &B,
+    queue: &str,
+    headers: &crate::Headers,
+    id: &JobId,
+) -> Result<(), BrokerError> {
+    if let Some((key, _)) = crate::envelope::unique_of(headers) {
+        let guard = crate::envelope::unique_guard(queue, key);
+        broker
+            .finish_guard(queue, &guard, id, Duration::ZERO)
+            .await?;
+    }
+    Ok(())
+}
+
 /// `url` with its password masked, for messages and logs: `postgres://app:***@db/app`,
 /// `redis://***@h/` for a token alone; several URLs separated by commas each masked.
 pub fn mask_url(url: &str) -> String {

@@ -269,25 +269,32 @@ impl Inspect for MemoryBroker {
 
 impl DeadLetters for MemoryBroker {
     async fn cancel(&self, queue: &str, id: &JobId) -> Result<Cancelled, BrokerError> {
-        let mut mem = self.mem();
-        let Some(q) = mem.queues.get_mut(queue) else {
-            return Ok(Cancelled::NotFound);
+        let (what, removed) = {
+            let mut mem = self.mem();
+            match mem.queues.get_mut(queue) {
+                None => (Cancelled::NotFound, None),
+                Some(q) => {
+                    let key = q
+                        .waiting
+                        .iter()
+                        .find(|(_, s)| s.envelope.id() == id)
+                        .map(|(k, _)| *k);
+                    if let Some(key) = key {
+                        q.ids.remove(id);
+                        (Cancelled::Removed, q.waiting.remove(&key))
+                    } else if q.running.values().any(|r| r.stored.envelope.id() == id) {
+                        q.cancelled.insert(id.clone());
+                        (Cancelled::Running, None)
+                    } else {
+                        (Cancelled::NotFound, None)
+                    }
+                }
+            }
         };
-        if let Some(key) = q
-            .waiting
-            .iter()
-            .find(|(_, s)| s.envelope.id() == id)
-            .map(|(k, _)| *k)
-        {
-            q.waiting.remove(&key);
-            q.ids.remove(id);
-            return Ok(Cancelled::Removed);
+        if let Some(r) = removed {
+            crate::broker::release_unique(self, queue, r.envelope.headers(), id).await?;
         }
-        if q.running.values().any(|r| r.stored.envelope.id() == id) {
-            q.cancelled.insert(id.clone());
-            return Ok(Cancelled::Running);
-        }
-        Ok(Cancelled::NotFound)
+        Ok(what)
     }
 
     async fn dead_letters(

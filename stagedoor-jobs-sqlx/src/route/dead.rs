@@ -51,6 +51,8 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
         let pool = self.pool()?;
         let mut conn = acquire(pool).await?;
         if run_in::<DB>(&mut conn, &stmts.cancel, &v, &stmts.table).await? > 0 {
+            drop(conn);
+            stagedoor_jobs::broker::release_unique(self, queue, d.envelope.headers(), id).await?;
             return Ok(Cancelled::Removed);
         }
         // Leased: running. Marked first, then looked for again, so that a job finishing

@@ -71,6 +71,28 @@ pub async fn cancel_removes_waiting_and_delayed_jobs<F: Fixture>(fixture: F) {
         "a cancelled job's id is free again: {republished:?}"
     );
     let _ = kept;
+
+    // A unique job cancelled before it ran frees its key at once.
+    let key = format!("cf-cancel-{}", JobId::new());
+    let unique = direct
+        .publish_job(
+            job(Q, 4)
+                .unique(&key, Duration::from_secs(3600))
+                .after(Duration::from_secs(3600)),
+        )
+        .await
+        .expect("publish");
+    assert!(unique.is_stored());
+    let c = direct.cancel(Q, unique.id()).await.expect("cancel");
+    assert_eq!(c, Cancelled::Removed);
+    let next = direct
+        .publish_job(job(Q, 5).unique(&key, Duration::from_secs(3600)))
+        .await
+        .expect("publish");
+    assert!(
+        next.is_stored() && next.id() != unique.id(),
+        "the key of a unique job cancelled before it ran takes a new job: {next:?}"
+    );
 }
 
 /// A running job cancelled: its handler's `Cancellation` fires, and although the handler
