@@ -7,6 +7,7 @@
 //! | what | where |
 //! |---|---|
 //! | `.global_concurrency(3)`: 60 jobs of 40 ms; no point of the ledger has more than 3 handlers between their start and end, 3 is reached, more than one process ran jobs, each job ran once (a held-back job spends no attempt) | [`concurrency`] |
+//! | a worker killed holding both permits of `.global_concurrency(2)`: a second worker runs every job within a lease or so, never more than 2 at once | [`dead_worker`] |
 //! | `.rate_limit(50, 1 s)`: 150 jobs; no window of the ledger's starts holds more than 50 (windows of 900 ms: a start is logged a little after its permit is taken, see [`rate`]); the last start is at least 2 s after the first; each job ran once | [`rate`] |
 //!
 //! On SQLite (a file the processes share), Postgres, Redis and a Redis Cluster. Servers come
@@ -36,6 +37,9 @@ const ENV_CHILD: &str = "STAGEDOOR_LIMITS_CHILD";
 const ENV_MODE: &str = "STAGEDOOR_LIMITS_MODE";
 const ENV_LEDGER: &str = "STAGEDOOR_LIMITS_LEDGER";
 const ENV_NAMESPACE: &str = "STAGEDOOR_LIMITS_NAMESPACE";
+/// One run at a time: five busy processes per run are plenty for two cores, and a start
+/// logged late under load would blur the rate check.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// The longest the parent waits for every job to be done.
 const PATIENCE: Duration = Duration::from_secs(90);
 
@@ -244,6 +248,10 @@ impl Backend {
 enum Mode {
     Concurrency,
     Rate,
+    /// `global_concurrency(2)`, handlers that hold their job a minute (killed meanwhile).
+    Stuck,
+    /// `global_concurrency(2)`, quick handlers.
+    Quick,
 }
 
 impl Mode {
@@ -251,6 +259,8 @@ impl Mode {
         match self {
             Mode::Concurrency => "concurrency",
             Mode::Rate => "rate",
+            Mode::Stuck => "stuck",
+            Mode::Quick => "quick",
         }
     }
 
@@ -258,6 +268,8 @@ impl Mode {
         match self {
             Mode::Concurrency => Duration::from_millis(40),
             Mode::Rate => Duration::from_millis(5),
+            Mode::Stuck => Duration::from_secs(60),
+            Mode::Quick => Duration::from_millis(10),
         }
     }
 
@@ -272,6 +284,9 @@ impl Mode {
                 }
                 Mode::Rate => {
                     m.rate_limit(50, Duration::from_secs(1));
+                }
+                Mode::Stuck | Mode::Quick => {
+                    m.global_concurrency(2);
                 }
             }
         }
@@ -291,6 +306,8 @@ async fn limits_child() {
     };
     let mode = match std::env::var(ENV_MODE).as_deref() {
         Ok("rate") => Mode::Rate,
+        Ok("stuck") => Mode::Stuck,
+        Ok("quick") => Mode::Quick,
         _ => Mode::Concurrency,
     };
     let ledger = PathBuf::from(std::env::var(ENV_LEDGER).expect("the ledger's path"));
@@ -348,9 +365,6 @@ impl Drop for ChildWorker {
 
 /// Runs `jobs` jobs through five child workers in `mode`; the ledger once every job is done.
 async fn run(kind: &str, mode: Mode, jobs: u64) -> Vec<Entry> {
-    // One run at a time: five busy processes per run are plenty for two cores, and a start
-    // logged late under load would blur the rate check.
-    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let _one = SERIAL.lock().await;
     let backend = Backend::fresh(kind).await;
     let dir = std::env::temp_dir().join(format!("stagedoor-limits-{}", common::unique()));
@@ -448,6 +462,94 @@ async fn rate(kind: &str) {
         "{kind}: 150 jobs at 50 per second take at least 2 s from the first start to the last; they took {} ms",
         span / 1000
     );
+}
+
+/// A worker killed (SIGKILL) while it holds both permits of `global_concurrency(2)`: its
+/// permits run out after its lease (3 s), so a second worker runs every job (the two the dead
+/// one held come back after their lease too), never more than 2 at once.
+async fn dead_worker(kind: &str) {
+    let _one = SERIAL.lock().await;
+    let backend = Backend::fresh(kind).await;
+    let dir = std::env::temp_dir().join(format!("stagedoor-limits-{}", common::unique()));
+    std::fs::create_dir_all(&dir).expect("the ledger's directory");
+    let ledger = dir.join("ledger");
+    let mut stuck = ChildWorker::spawn(&backend, Mode::Stuck, &ledger);
+    backend.publish(6).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while read_ledger(&ledger).iter().filter(|e| e.start).count() < 2 {
+        if let Some(f) = stuck.failure() {
+            panic!("{f}");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{kind}: the first worker did not start 2 jobs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first: Vec<Entry> = read_ledger(&ledger);
+    assert_eq!(
+        first.iter().filter(|e| e.start).count(),
+        2,
+        "{kind}: global_concurrency(2) held the first worker to 2 jobs"
+    );
+    drop(stuck); // SIGKILL, holding both permits
+    let dead_pid = first[0].pid;
+    let mut quick = ChildWorker::spawn(&backend, Mode::Quick, &ledger);
+    let done = |entries: &[Entry]| -> BTreeSet<u64> {
+        entries
+            .iter()
+            .filter(|e| !e.start && e.pid != dead_pid)
+            .map(|e| e.n)
+            .collect()
+    };
+    loop {
+        let entries = read_ledger(&ledger);
+        if done(&entries).len() == 6 {
+            break;
+        }
+        if let Some(f) = quick.failure() {
+            panic!("{f}");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{kind}: after the first worker died, only {:?} of 6 jobs done: its permits were not given back",
+            done(&entries)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(quick);
+    let entries = read_ledger(&ledger);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut now, mut max) = (0i64, 0i64);
+    for e in entries.iter().filter(|e| e.pid != dead_pid) {
+        now += if e.start { 1 } else { -1 };
+        max = max.max(now);
+    }
+    assert!(
+        max <= 2,
+        "{kind}: {max} at once, above global_concurrency(2)"
+    );
+}
+
+mod dead_worker_gives_its_permits_back {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        super::dead_worker("sqlite").await;
+    }
+    #[cfg_attr(
+        not(stagedoor_postgres),
+        ignore = "needs Postgres: run scripts/test-all"
+    )]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::dead_worker("postgres").await;
+    }
+    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis() {
+        super::dead_worker("redis").await;
+    }
 }
 
 mod global_concurrency_across_processes {
