@@ -124,6 +124,9 @@ pub(super) struct Limiter {
     running_key: String,
     rate_key: String,
     held: Mutex<HashSet<String>>,
+    /// Permits of settled jobs, given back together by [`release_loop`](Self::release_loop).
+    released: Mutex<Vec<String>>,
+    wake: tokio::sync::Notify,
 }
 
 fn tokens(n: usize) -> Vec<String> {
@@ -137,6 +140,8 @@ impl Limiter {
             running_key: concurrency_key(queue),
             rate_key: rate_key(queue),
             held: Mutex::new(HashSet::new()),
+            released: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
         }
     }
 
@@ -233,6 +238,39 @@ impl Limiter {
         }
         if let Err(e) = broker.release_permits(&self.running_key, &tokens).await {
             tracing::warn!(error = %e, "could not give back a global concurrency permit: it runs out after its lease");
+        }
+    }
+
+    /// A settled job's concurrency permit: given back by the release loop, with every other
+    /// given back meanwhile, in one call (one round trip for a burst of settlements, not one
+    /// per job).
+    pub(super) fn settled(&self, token: String) {
+        lock(&self.held).remove(&token);
+        lock(&self.released).push(token);
+        self.wake.notify_one();
+    }
+
+    /// Gives back the permits of settled jobs as they come, batched: while one call is under
+    /// way, the next settlements wait for the one after it. Runs until the worker is done (the
+    /// caller aborts it after a last [`flush`](Self::flush)).
+    pub(super) async fn release_loop<B: Broker>(&self, broker: &B) {
+        if self.limits.concurrency.is_none() {
+            return;
+        }
+        loop {
+            self.wake.notified().await;
+            self.flush(broker).await;
+        }
+    }
+
+    /// Gives back every permit of a settled job not given back yet.
+    pub(super) async fn flush<B: Broker>(&self, broker: &B) {
+        let batch = std::mem::take(&mut *lock(&self.released));
+        if batch.is_empty() {
+            return;
+        }
+        if let Err(e) = broker.release_permits(&self.running_key, &batch).await {
+            tracing::warn!(error = %e, "could not give back {} global concurrency permits: they run out after their lease", batch.len());
         }
     }
 

@@ -107,7 +107,7 @@ impl<B: Broker> Worker<B> {
             tokio::spawn(async move {
                 let permits = async {
                     if let Some(l) = &w.limiter {
-                        l.renew_loop(&w.broker).await;
+                        tokio::join!(l.renew_loop(&w.broker), l.release_loop(&w.broker));
                     }
                 };
                 tokio::join!(permits, w.watch_cancels());
@@ -122,6 +122,9 @@ impl<B: Broker> Worker<B> {
         .await;
         self.finish().await;
         renewer.abort();
+        if let Some(l) = &self.limiter {
+            l.flush(&self.broker).await;
+        }
     }
 
     /// Every third of the lease while jobs run: asks the broker which were cancelled and fires
@@ -311,7 +314,7 @@ impl<B: Broker> Worker<B> {
             w.process(delivery, cancel).await;
             lock(&w.cancels).remove(&id);
             if let (Some(l), Some(token)) = (&w.limiter, global) {
-                l.release_running(&w.broker, vec![token]).await;
+                l.settled(token);
             }
             drop(permit);
             drop(done);
