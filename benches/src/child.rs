@@ -125,6 +125,9 @@ impl Workers {
             if fail_once {
                 cmd.arg("--fail-once");
             }
+            if let Some(n) = t.global_concurrency {
+                cmd.args(["--global-concurrency", &n.to_string()]);
+            }
             let mut child = cmd.spawn()?;
             let out = child.stdout.take().expect("piped");
             let report = Arc::new(Mutex::new(Report::default()));

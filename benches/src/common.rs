@@ -64,7 +64,14 @@ pub struct Target {
     /// Handlers a worker process runs at once: [`CONCURRENCY`] unless the scenario says
     /// otherwise.
     pub concurrency: usize,
+    /// The queue's `global_concurrency` across every worker process (stagedoor-jobs only; the
+    /// `limited` scenario).
+    pub global_concurrency: Option<u32>,
 }
+
+/// The `limited` scenario's `global_concurrency`: what one worker process runs at once, so
+/// that four together are held to one's worth.
+pub const LIMITED_TO: u32 = 64;
 
 /// What a worker's handler does: call [`Hook::run`] first thing with the decoded job, and
 /// return an error from the handler (so the system retries the job) when it returns `false`.

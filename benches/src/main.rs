@@ -74,6 +74,9 @@ enum Cmd {
         /// Handlers at once.
         #[arg(long, default_value_t = common::CONCURRENCY)]
         concurrency: usize,
+        /// The queue's global concurrency across every worker (stagedoor-jobs only).
+        #[arg(long)]
+        global_concurrency: Option<u32>,
     },
     /// One system on one backend, in one process: reset, enqueue N (half one by one, half in
     /// bulk), drain them, print the rates. For checking a driver.
@@ -206,6 +209,7 @@ async fn main() -> anyhow::Result<()> {
             queue,
             fail_once,
             concurrency,
+            global_concurrency,
         } => {
             child::run_worker(
                 system,
@@ -214,6 +218,7 @@ async fn main() -> anyhow::Result<()> {
                     url,
                     queue,
                     concurrency,
+                    global_concurrency,
                 },
                 fail_once,
             )
@@ -235,6 +240,7 @@ async fn main() -> anyhow::Result<()> {
                     url,
                     queue,
                     concurrency,
+                    global_concurrency: None,
                 },
                 n,
                 fail_once,

@@ -108,11 +108,14 @@ pub enum Scenario {
     Memory,
     /// A steady rate while a Postgres session idle in transaction pins xmin (Postgres only).
     PinnedXmin,
+    /// Drain a backlog with four worker processes, the queue held to
+    /// `global_concurrency(64)` (stagedoor-jobs only).
+    Limited,
 }
 
 impl Scenario {
     /// Every scenario, in report order.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::EnqueueOne,
         Scenario::EnqueueBulk,
         Scenario::Drain1,
@@ -122,11 +125,12 @@ impl Scenario {
         Scenario::Failure,
         Scenario::Memory,
         Scenario::PinnedXmin,
+        Scenario::Limited,
     ];
 
     /// The scenarios of a run that names none: all but the pinned-xmin one (about 65 s per
     /// Postgres system and repeat).
-    pub const DEFAULT: [Scenario; 8] = [
+    pub const DEFAULT: [Scenario; 9] = [
         Scenario::EnqueueOne,
         Scenario::EnqueueBulk,
         Scenario::Drain1,
@@ -135,11 +139,15 @@ impl Scenario {
         Scenario::Latency,
         Scenario::Failure,
         Scenario::Memory,
+        Scenario::Limited,
     ];
 
     /// Whether the scenario measures `system`: the enqueue scenarios leave out "ruststream
     /// batch", whose producer is ruststream's (the row would repeat ruststream's).
     pub fn measures(self, system: System) -> bool {
+        if self == Scenario::Limited {
+            return system == System::Stagedoor;
+        }
         !(system == System::RuststreamBatch
             && matches!(self, Scenario::EnqueueOne | Scenario::EnqueueBulk))
     }
@@ -156,6 +164,7 @@ impl Scenario {
             Scenario::Failure => "failure",
             Scenario::Memory => "memory",
             Scenario::PinnedXmin => "pinned-xmin",
+            Scenario::Limited => "limited",
         }
     }
 
@@ -179,6 +188,15 @@ impl Scenario {
                 "drain a backlog of {} no-op jobs, 4 worker processes; from the first handler \
                  start to the queue verified empty",
                 s.drain
+            ),
+            Scenario::Limited => format!(
+                "drain-4 ({} no-op jobs, 4 worker processes of {} handlers) with the queue held \
+                 to `.global_concurrency({})` across the processes: the cost of a global limit \
+                 (a permit taken before each claim, given back at each settlement; \
+                 stagedoor-jobs only, the peers have no such limit)",
+                s.drain,
+                crate::common::CONCURRENCY,
+                crate::common::LIMITED_TO
             ),
             Scenario::Steady => format!(
                 "steady state: highest producer rate that keeps the backlog flat, 1 worker \
@@ -371,6 +389,7 @@ impl Env {
             url,
             queue: "bench".to_owned(),
             concurrency: crate::common::CONCURRENCY,
+            global_concurrency: None,
         };
         system.reset(&t).await?;
         Ok(t)
@@ -579,10 +598,18 @@ pub async fn measure(
                 (sent < s.enqueue_bulk).then(|| format!("capped; {sent} of {}", s.enqueue_bulk));
             Ok(Figures::one("jobs/s", sent as f64 / start.elapsed().as_secs_f64()).noted(note))
         }
-        Scenario::Drain1 | Scenario::Drain4 | Scenario::Failure | Scenario::Memory => {
+        Scenario::Drain1
+        | Scenario::Drain4
+        | Scenario::Failure
+        | Scenario::Memory
+        | Scenario::Limited => {
+            let t = Target {
+                global_concurrency: (sc == Scenario::Limited).then_some(crate::common::LIMITED_TO),
+                ..t.clone()
+            };
             let (n, procs, fail) = match sc {
                 Scenario::Drain1 => (s.drain, 1, false),
-                Scenario::Drain4 => (s.drain, 4, false),
+                Scenario::Drain4 | Scenario::Limited => (s.drain, 4, false),
                 Scenario::Failure => (s.failure, 1, true),
                 _ => (s.memory, 1, false),
             };

@@ -102,9 +102,8 @@ const COUNT_PERMITS: &str = "SELECT count(*) FROM stagedoor_permits WHERE pool =
 const FIRST_PERMIT: &str =
     "SELECT until_at FROM stagedoor_permits WHERE pool = $1 ORDER BY until_at LIMIT 1";
 
-/// Adds permit `$2` to pool `$1` until `$3`.
-const ADD_PERMIT: &str =
-    "INSERT INTO stagedoor_permits (pool, token, until_at) VALUES ($1, $2, $3)";
+/// Adds permits to pool `$1` until `$2`: followed by one `($1, $n, $2)` per token.
+const ADD_PERMITS: &str = "INSERT INTO stagedoor_permits (pool, token, until_at) VALUES";
 
 /// The most tokens one renewal or release statement names.
 const TOKENS_PER_STATEMENT: usize = 500;
@@ -141,15 +140,15 @@ pub(crate) async fn take_permits<DB: Dialect>(
     };
     let free = usize::try_from(i64::from(limit) - held).unwrap_or(0);
     let taken = free.min(tokens.len());
-    for t in &tokens[..taken] {
-        let binds = vec![
-            name(),
-            Value::Text(Some(t.clone())),
-            Value::Time(Some(until)),
-        ];
-        DB::run(&mut tx, ADD_PERMIT.to_owned(), binds)
-            .await
-            .map_err(db_err)?;
+    // One statement for every permit taken: `($1, $3, $2), ($1, $4, $2), ...`.
+    if taken > 0 {
+        let rows: Vec<String> = (0..taken)
+            .map(|i| format!("($1, ${}, $2)", i + 3))
+            .collect();
+        let sql = format!("{ADD_PERMITS} {}", rows.join(", "));
+        let mut binds = vec![name(), Value::Time(Some(until))];
+        binds.extend(tokens[..taken].iter().map(|t| Value::Text(Some(t.clone()))));
+        DB::run(&mut tx, sql, binds).await.map_err(db_err)?;
     }
     let mut next_free = None;
     if taken == 0 && !tokens.is_empty() {

@@ -213,26 +213,32 @@ async fn run(job: &BenchJob, Data(hook): Data<Arc<Hook>>) -> Result<(), PlannedF
     }
 }
 
-fn mount<B: Broker>(b: &mut RouteBuilder<B>, queue: &str, concurrency: usize)
+fn mount<B: Broker>(b: &mut RouteBuilder<B>, queue: &str, concurrency: usize, global: Option<u32>)
 where
     String: stagedoor_jobs::QueueFor<B>,
 {
     let dead = b.broker().default_dead_letter(queue);
-    b.include(Subscriber::new(queue.to_owned(), run))
+    let m = b
+        .include(Subscriber::new(queue.to_owned(), run))
         .max_attempts(nonzero!(3u32))
         .dead_letter(dead)
         .backoff(Immediate)
         .concurrency(concurrency);
+    if let Some(n) = global {
+        m.global_concurrency(n);
+    }
 }
 
 /// A service with one subscriber at the target's concurrency, until killed.
 pub async fn work(t: &Target, hook: Arc<Hook>) -> anyhow::Result<()> {
     let service = Service::new(AppInfo::new("bench", "0.1.0")).state(hook);
-    let (q, n) = (t.queue.clone(), t.concurrency);
+    let (q, n, g) = (t.queue.clone(), t.concurrency, t.global_concurrency);
     let service = match t.backend {
-        Backend::Redis => service.with_broker(RedisBroker::from_url(&t.url), |b| mount(b, &q, n)),
-        Backend::Postgres => service.with_broker(pg_route(&t.url), |b| mount(b, &q, n)),
-        Backend::Sqlite => service.with_broker(lite_route(&t.url), |b| mount(b, &q, n)),
+        Backend::Redis => {
+            service.with_broker(RedisBroker::from_url(&t.url), |b| mount(b, &q, n, g))
+        }
+        Backend::Postgres => service.with_broker(pg_route(&t.url), |b| mount(b, &q, n, g)),
+        Backend::Sqlite => service.with_broker(lite_route(&t.url), |b| mount(b, &q, n, g)),
     };
     service.run_until(std::future::pending()).await?;
     Ok(())

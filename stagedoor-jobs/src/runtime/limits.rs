@@ -152,6 +152,8 @@ impl Limiter {
         broker: &B,
         want: usize,
     ) -> Result<Result<Grant, Full>, BrokerError> {
+        // This worker's own settled permits go back first, so that the pool has them.
+        self.flush(broker).await;
         let mut n = want;
         let mut running = Vec::new();
         if let Some(limit) = self.limits.concurrency {
