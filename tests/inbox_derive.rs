@@ -76,6 +76,7 @@ fn the_seed_row() {
             enqueued_at: None,
             last_error: None,
             headers: None,
+            priority: None,
             columns: &[
                 "id",
                 "name",
@@ -106,6 +107,7 @@ fn schema_minted_id_fifo_and_every_role() {
             enqueued_at: Some(column("enqueued_at", false, ColumnType::Timestamp)),
             last_error: Some(column("last_error", false, ColumnType::Text)),
             headers: Some(column("headers", false, ColumnType::Text)),
+            priority: None,
             columns: &[
                 "tenant",
                 "id",

@@ -73,6 +73,7 @@ impl Inbox for Plain {
         enqueued_at: None,
         last_error: text("last_error"),
         headers: None,
+        priority: None,
         columns: &[
             "id",
             "attempt",
@@ -110,6 +111,7 @@ impl Inbox for Mail {
         enqueued_at: None,
         last_error: None,
         headers: None,
+        priority: None,
         columns: &[
             "id",
             "name",
@@ -162,6 +164,7 @@ impl Inbox for Fifo {
         enqueued_at: None,
         last_error: text("last_error"),
         headers: None,
+        priority: None,
         columns: &[
             "id",
             "grp",
@@ -217,6 +220,7 @@ impl Inbox for NoAttempt {
         enqueued_at: None,
         last_error: None,
         headers: None,
+        priority: None,
         columns: &["id", "grp", "retry_after", "locked_until", "payload"],
     };
 }
@@ -241,6 +245,7 @@ impl Inbox for NoDue {
         enqueued_at: None,
         last_error: None,
         headers: None,
+        priority: None,
         columns: &["id", "grp", "attempt", "locked_until", "payload"],
     };
 }

@@ -56,6 +56,7 @@ impl Inbox for Jobs {
         enqueued_at: None,
         last_error: Some(col("last_error", false, ColumnType::Text)),
         headers: Some(col("headers", false, ColumnType::Text)),
+        priority: None,
         columns: &[
             "id",
             "queue",
@@ -95,6 +96,7 @@ impl Inbox for Plain {
         enqueued_at: None,
         last_error: Some(col("last_error", false, ColumnType::Text)),
         headers: None,
+        priority: None,
         columns: &[
             "id",
             "attempt",

@@ -45,6 +45,7 @@ impl Inbox for Jobs {
         enqueued_at: None,
         last_error: None,
         headers: None,
+        priority: None,
         columns: &[
             "id",
             "queue",

@@ -61,7 +61,7 @@ pub(crate) fn layout(
     let find = |n: &str| columns.iter().find(|c| c.name == n);
     let not_a_job_table = |what: String| {
         Failure::connect(format!(
-            "table `{name}` is not a job table stagedoor-jobs can read: {what} (job tables use the column names id, name or queue, attempt, retry_after, locked_until, payload)"
+            "table `{name}` is not a job table stagedoor-jobs can read: {what} (job tables use the column names id, name or queue, attempt, retry_after, locked_until, payload, and optionally enqueued_at, last_error, headers, priority)"
         ))
     };
     let required =
@@ -123,6 +123,7 @@ pub(crate) fn layout(
     let enqueued_at = optional("enqueued_at", &time)?;
     let last_error = optional("last_error", &text)?;
     let headers = optional("headers", &text)?;
+    let priority = optional("priority", &[ColumnType::Integer])?;
     let names: Vec<&'static str> = columns
         .iter()
         .filter(|c| is_plain_identifier(&c.name))
@@ -141,6 +142,7 @@ pub(crate) fn layout(
         enqueued_at,
         last_error,
         headers,
+        priority,
         columns: Box::leak(names.into_boxed_slice()),
     })
 }

@@ -103,6 +103,7 @@ pub fn subscriber(attr: TokenStream, item: TokenStream) -> TokenStream {
 /// | `attempt` | `i16`, `i32`, `i64` | may be `generated` |
 /// | `retry_after`, `enqueued_at` | `DateTime<Utc>`, `Option<DateTime<Utc>>` | |
 /// | `last_error`, `headers` | `String`, `Option<String>` | |
+/// | `priority` | `i16`, `i32`, `i64` | the job's priority (`stagedoor_jobs::Priority`, `-2..=2`): the claim takes higher first |
 ///
 /// `generated` marks a column the database fills on insert (an auto-increment `id`, an
 /// `attempt` defaulting to 1): only `id` and `attempt` may be. An integer `id` is always

@@ -355,6 +355,7 @@ impl stagedoor_jobs::Inbox for AnyTable {
         enqueued_at: None,
         last_error: None,
         headers: None,
+        priority: None,
         columns: &[],
     };
 }

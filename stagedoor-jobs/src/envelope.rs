@@ -45,6 +45,88 @@ impl fmt::Display for JobId {
     }
 }
 
+/// A job's priority within its queue: of the jobs due, a higher priority is claimed first,
+/// and jobs of equal priority in the order they became due. Five levels, from
+/// [`LOWEST`](Self::LOWEST) (-2) to [`HIGHEST`](Self::HIGHEST) (2); [`NORMAL`](Self::NORMAL)
+/// (0) is the default.
+///
+/// **No level starves.** Every [`FAIR_CLAIM_EVERY`]th claim of a worker on a queue ignores
+/// priority and takes the jobs that have waited longest (on Redis: from the level whose
+/// oldest waiting job is the oldest), so a steady flood of high-priority jobs still lets the
+/// others through, at least one claim in eight.
+///
+/// Where it is kept: a SQL table with a `#[field(priority)]` column (the claim orders by
+/// it); on Redis, one stream per level (`{jobs}` for normal, `{jobs}:p<level>` for the
+/// others, in the queue's hash slot), read from the highest level down; a retried or
+/// dead-lettered job keeps its level, and so does its replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Priority(i8);
+
+/// Every this many claims of a worker on a queue, one ignores [`Priority`] and takes the jobs
+/// that have waited longest.
+pub const FAIR_CLAIM_EVERY: u64 = 8;
+
+impl Priority {
+    /// The lowest level, -2.
+    pub const LOWEST: Self = Self(-2);
+    /// -1.
+    pub const LOW: Self = Self(-1);
+    /// The default, 0.
+    pub const NORMAL: Self = Self(0);
+    /// 1.
+    pub const HIGH: Self = Self(1);
+    /// The highest level, 2.
+    pub const HIGHEST: Self = Self(2);
+    /// Every level, highest first.
+    pub const ALL: [Self; 5] = [
+        Self::HIGHEST,
+        Self::HIGH,
+        Self::NORMAL,
+        Self::LOW,
+        Self::LOWEST,
+    ];
+
+    /// The level `level`, or `None` outside `-2..=2`.
+    pub const fn new(level: i8) -> Option<Self> {
+        if level >= Self::LOWEST.0 && level <= Self::HIGHEST.0 {
+            Some(Self(level))
+        } else {
+            None
+        }
+    }
+
+    /// The level as a number, `-2..=2`.
+    pub const fn get(self) -> i8 {
+        self.0
+    }
+
+    /// Reads a level as a backend stores it (`"-2"` to `"2"`), naming the range when it is
+    /// not one.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        text.trim()
+            .parse::<i8>()
+            .ok()
+            .and_then(Self::new)
+            .ok_or_else(|| format!("priority `{text}` is not a whole number from -2 to 2"))
+    }
+}
+
+impl TryFrom<i64> for Priority {
+    type Error = String;
+    fn try_from(level: i64) -> Result<Self, String> {
+        i8::try_from(level)
+            .ok()
+            .and_then(Self::new)
+            .ok_or_else(|| format!("priority {level} is not a whole number from -2 to 2"))
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// Headers a job carries from its publisher to its handler and into its dead letter.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Headers {
@@ -71,6 +153,7 @@ pub struct Envelope {
     payload: Vec<u8>,
     headers: Headers,
     enqueued_at: DateTime<Utc>,
+    priority: Priority,
 }
 
 impl Envelope {
@@ -84,6 +167,7 @@ impl Envelope {
             payload,
             headers: Headers::default(),
             enqueued_at,
+            priority: Priority::NORMAL,
         }
     }
 
@@ -113,6 +197,11 @@ impl Envelope {
         self.enqueued_at
     }
 
+    /// The job's priority within its queue.
+    pub fn priority(&self) -> Priority {
+        self.priority
+    }
+
     /// Replaces the id.
     pub fn with_id(mut self, id: JobId) -> Self {
         self.id = id;
@@ -126,6 +215,11 @@ impl Envelope {
     /// Replaces the headers.
     pub fn with_headers(mut self, headers: Headers) -> Self {
         self.headers = headers;
+        self
+    }
+    /// Replaces the priority.
+    pub fn with_priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
         self
     }
     /// Mutable access to the headers.
@@ -265,6 +359,14 @@ impl Job {
     /// its payload: the same message published twice is stored once.
     pub fn unique_by_payload(mut self, window: Duration) -> Self {
         self.unique = Some((None, window));
+        self
+    }
+    /// Sets the job's priority within its queue (see [`Priority`]: higher first, FIFO among
+    /// equals, no level starved). On a SQL table it needs a `#[field(priority)]` column: a
+    /// table without one refuses a job whose priority is not [`Priority::NORMAL`], naming the
+    /// column to add.
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.envelope.priority = priority;
         self
     }
     /// Sets the request id header.

@@ -42,6 +42,9 @@ pub struct Table {
     pub last_error: Option<Column>,
     /// The job's headers as JSON text (kind, job id, request id, trace, origin of a dead letter).
     pub headers: Option<Column>,
+    /// The job's priority (`-2..=2`, see [`Priority`](crate::Priority)), which the claim
+    /// orders by; without it, the table holds only jobs of normal priority.
+    pub priority: Option<Column>,
     /// Every column of the row, roles or not (a dead letter moved to another table keeps all).
     pub columns: &'static [&'static str],
 }
@@ -125,6 +128,12 @@ pub mod roles {
         /// Types an `attempt` column can have.
         AttemptType,
         "an `attempt` field is an integer (`i16`, `i32`, `i64`)",
+        i16 => Integer, i32 => Integer, i64 => Integer,
+    );
+    role!(
+        /// Types a `priority` column can have.
+        PriorityType,
+        "a `priority` field is an integer (`i16`, `i32`, `i64`)",
         i16 => Integer, i32 => Integer, i64 => Integer,
     );
     role!(

@@ -111,7 +111,10 @@ pub use broker::{
     Locks, Permits, Publish, Published, QueueStats, ReplayReport,
 };
 pub use clock::{Clock, SYNC_EVERY};
-pub use envelope::{Envelope, Headers, Job, JobId, RunAt, UNIQUE_HEADER, UNIQUE_PENDING_MAX};
+pub use envelope::{
+    Envelope, FAIR_CLAIM_EVERY, Headers, Job, JobId, Priority, RunAt, UNIQUE_HEADER,
+    UNIQUE_PENDING_MAX,
+};
 pub use extract::{Cancellation, Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
 pub use handler::{BoxFuture, Handler, HandlerFn};
 pub use health::{Health, LoopState, QueueHealth, ServiceState, TaskHealth};

@@ -63,6 +63,8 @@ struct MemQueue {
     ids: HashSet<JobId>,
     /// Running jobs cancelled (until they are settled).
     cancelled: HashSet<JobId>,
+    /// Claims made, for the fair claim every [`FAIR_CLAIM_EVERY`](crate::FAIR_CLAIM_EVERY).
+    claims: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -147,15 +149,24 @@ impl MemoryBroker {
                 q.waiting.insert((now, *seq), r.stored);
             }
         }
+        // Of the due jobs, the highest priority first, in due order among equals; every
+        // FAIR_CLAIM_EVERY-th claim in due order alone (no level starves).
+        q.claims += 1;
+        let fair = q.claims % crate::FAIR_CLAIM_EVERY == 0;
+        let mut due: Vec<(crate::Priority, (DateTime<Utc>, u64))> = q
+            .waiting
+            .range(..=(now, u64::MAX))
+            .map(|(k, s)| (s.envelope.priority(), *k))
+            .collect();
+        if !fair {
+            // A stable sort: due order stays among equals.
+            due.sort_by(|a, b| b.0.cmp(&a.0));
+        }
         let mut out = Vec::new();
-        while out.len() < max {
-            let Some(entry) = q.waiting.first_entry() else {
-                break;
+        for (_, key) in due.into_iter().take(max) {
+            let Some(mut stored) = q.waiting.remove(&key) else {
+                continue;
             };
-            if entry.key().0 > now {
-                break;
-            }
-            let mut stored = entry.remove();
             // The counter saturates at MAX_ATTEMPT, as on every backend; a dead letter's
             // reader sees the attempts it spent on its first delivery.
             let attempt = if std::mem::take(&mut stored.unread_dead) {

@@ -57,6 +57,7 @@ impl stagedoor_jobs::Inbox for ConfRow {
             generated: false,
             ty: ColumnType::Text,
         }),
+        priority: None,
         columns: &[
             "id",
             "queue",

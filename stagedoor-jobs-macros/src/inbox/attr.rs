@@ -422,7 +422,7 @@ mod tests {
         ]);
         assert_eq!(errs.len(), 9, "{errs:?}");
         assert!(errs[0].contains("unknown role `retry_at` (did you mean `retry_after`?)"));
-        assert!(errs[0].contains("`id`, `group`, `attempt`, `retry_after`, `locked_until`, `payload`, `enqueued_at`, `last_error`, `headers`"));
+        assert!(errs[0].contains("`id`, `group`, `attempt`, `retry_after`, `locked_until`, `payload`, `enqueued_at`, `last_error`, `headers`, `priority`"));
         assert!(errs[1].contains("`id` is given twice"));
         assert!(errs[2].contains("`generated` is given twice"));
         assert!(errs[3].contains("unknown role `x::y`"));

@@ -176,6 +176,7 @@ pub(crate) fn stub(input: &DeriveInput) -> TokenStream {
                     enqueued_at: #none,
                     last_error: #none,
                     headers: #none,
+                    priority: #none,
                     columns: &[],
                 };
             }

@@ -29,11 +29,13 @@ pub(crate) enum Role {
     LastError,
     /// `headers`: the job's headers as JSON text.
     Headers,
+    /// `priority`: the job's priority, `-2..=2`.
+    Priority,
 }
 
 impl Role {
     /// Every role, in the order of the messages (and of `Table`'s fields).
-    pub(crate) const ALL: [Role; 9] = [
+    pub(crate) const ALL: [Role; 10] = [
         Role::Id,
         Role::Group,
         Role::Attempt,
@@ -43,6 +45,7 @@ impl Role {
         Role::EnqueuedAt,
         Role::LastError,
         Role::Headers,
+        Role::Priority,
     ];
 
     /// The role as written in `#[field(..)]`, which is also the name of `Table`'s field.
@@ -57,6 +60,7 @@ impl Role {
             Role::EnqueuedAt => "enqueued_at",
             Role::LastError => "last_error",
             Role::Headers => "headers",
+            Role::Priority => "priority",
         }
     }
 
@@ -74,6 +78,7 @@ impl Role {
             Role::RetryAfter | Role::LockedUntil | Role::EnqueuedAt => "TimeType",
             Role::Payload => "PayloadType",
             Role::LastError | Role::Headers => "TextType",
+            Role::Priority => "PriorityType",
         }
     }
 

@@ -58,6 +58,8 @@
 //! - `crash_and_lease.rs`: concurrency, shutdown, abandoned jobs, leases and their fence;
 //! - `headers_and_stats.rs`: the request id and trace, the queue stats;
 //! - `cancel.rs`: cancelling waiting, delayed and running jobs;
+//! - `priority.rs`: priorities: highest first, FIFO among equals, kept through a delay, a retry
+//!   and a replay; no level starved;
 //! - `unique.rs`: unique jobs, their window, racing publishes, keys by payload;
 //! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
 //! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
@@ -72,6 +74,7 @@ mod fixture;
 mod headers_and_stats;
 mod limits;
 mod outcomes;
+mod priority;
 mod publish;
 mod replay;
 mod support;
@@ -112,6 +115,10 @@ pub use outcomes::{
     ok_unit_result_acks, panic_is_a_failed_attempt_and_the_worker_lives_on,
     retry_after_overrides_the_backoff_durably, retry_waits_for_the_mount_backoff,
     retry_without_backoff_comes_back_at_once,
+};
+pub use priority::{
+    no_priority_starves_under_a_flood_of_higher_ones,
+    priority_claims_higher_first_and_fifo_among_equals,
 };
 pub use publish::{
     delayed_publish_runs_after_its_delay, duplicate_publishes_are_reported_not_stored,
@@ -213,6 +220,8 @@ macro_rules! conformance_tests {
             unique_by_payload_stores_a_message_once
             cancel_removes_waiting_and_delayed_jobs
             cancel_of_a_running_job_fires_its_cancellation
+            priority_claims_higher_first_and_fifo_among_equals
+            no_priority_starves_under_a_flood_of_higher_ones
         );
     };
     ($fixture:expr $(,)?) => {

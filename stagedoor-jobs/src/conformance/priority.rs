@@ -1,0 +1,172 @@
+//! Priorities ([`Job::priority`](crate::Job::priority)): of the due jobs, the highest
+//! priority is claimed first, in due order among equals; a job keeps its level through a
+//! delay, a retry and a dead letter's replay; and every [`FAIR_CLAIM_EVERY`]th claim takes
+//! the job that waited longest, so no level starves.
+
+use std::time::Duration;
+
+use super::fixture::Fixture;
+use super::support::*;
+use crate::broker::{Broker, DeadLetters, DeadSelector, Delivery, Publish, Settlement};
+use crate::{FAIR_CLAIM_EVERY, Failure, FailureCause, Priority};
+
+/// Claims one job (waiting up to [`PATIENCE`] for one) and acknowledges it; returns its
+/// number and priority.
+async fn claim_one<B: Broker>(direct: &B, queue: &str) -> (u64, Priority, Delivery<B::Receipt>) {
+    let mut got = direct.claim(queue, 1, PATIENCE).await.expect("claim");
+    assert_eq!(got.len(), 1, "one job is claimed");
+    let d = got.remove(0);
+    let msg: Msg = serde_json::from_slice(d.envelope.payload()).expect("a Msg");
+    (msg.n, d.envelope.priority(), d)
+}
+
+async fn ack<B: Broker>(direct: &B, queue: &str, d: &Delivery<B::Receipt>) {
+    direct
+        .settle(queue, d, Settlement::Ack)
+        .await
+        .expect("settle");
+}
+
+/// Jobs published in mixed priorities are claimed highest first, in publish order among
+/// equals; each delivery carries the priority it was published with. A delayed job joins its
+/// level when due; a retried job and a dead letter's replay come back at their level.
+pub async fn priority_claims_higher_first_and_fifo_among_equals<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_priority_order";
+    let broker = fixture.broker().await;
+    let direct = connected(&broker).await;
+    direct.prepare(Q).await.expect("prepare");
+    let levels = [
+        (1, Priority::NORMAL),
+        (2, Priority::LOW),
+        (3, Priority::HIGHEST),
+        (4, Priority::NORMAL),
+        (5, Priority::HIGH),
+        (6, Priority::LOWEST),
+        (7, Priority::HIGHEST),
+    ];
+    for (n, p) in levels {
+        direct
+            .publish_job(job(Q, n).priority(p))
+            .await
+            .expect("publish");
+    }
+    let mut order = Vec::new();
+    for _ in 0..levels.len() {
+        let (n, p, d) = claim_one(&direct, Q).await;
+        let published = levels.iter().find(|l| l.0 == n).expect("a published job").1;
+        assert_eq!(p, published, "job {n} is delivered with its priority");
+        order.push(n);
+        ack(&direct, Q, &d).await;
+    }
+    assert_eq!(
+        order,
+        [3, 7, 5, 1, 4, 2, 6],
+        "highest first, publish order among equals"
+    );
+
+    assert_empty_direct(&direct, Q, "after the priorities").await;
+
+    // On another queue (its claims counted afresh: none of these is the fair one), a delayed
+    // high job, due after two normal ones are published: once due, it goes first.
+    let kept = format!("{Q}_kept");
+    let (q, dead) = (kept.as_str(), broker.default_dead_letter(&kept));
+    direct.prepare(q).await.expect("prepare");
+    direct
+        .publish_job(job(q, 10).priority(Priority::HIGH).after(DELAY))
+        .await
+        .expect("publish");
+    direct.publish_job(job(q, 11)).await.expect("publish");
+    direct.publish_job(job(q, 12)).await.expect("publish");
+    tokio::time::sleep(DELAY + MARGIN).await;
+    let (n, p, d) = claim_one(&direct, q).await;
+    assert_eq!(
+        (n, p),
+        (10, Priority::HIGH),
+        "the delayed job, once due, is claimed before the normal ones"
+    );
+    // Retried at once: back at its level, ahead of the normal jobs still waiting.
+    let failure = Failure::new(FailureCause::Error, "again", "");
+    direct
+        .settle(
+            q,
+            &d,
+            Settlement::Retry {
+                delay: Duration::ZERO,
+                failure: failure.clone(),
+            },
+        )
+        .await
+        .expect("settle");
+    let (n, p, d) = claim_one(&direct, q).await;
+    assert_eq!(
+        (n, p, d.envelope.attempt()),
+        (10, Priority::HIGH, 2),
+        "the retry is claimed first, at its level"
+    );
+    // Dead-lettered, then replayed: back at its level, ahead of the normal jobs.
+    direct
+        .settle(
+            q,
+            &d,
+            Settlement::DeadLetter {
+                target: dead.clone(),
+                failure,
+            },
+        )
+        .await
+        .expect("settle");
+    let report = direct
+        .replay(&dead, &DeadSelector::Id(d.envelope.id().to_string()))
+        .await
+        .expect("replay");
+    assert_eq!(report.replayed, 1, "{report:?}");
+    let (n, p, d) = claim_one(&direct, q).await;
+    assert_eq!(
+        (n, p),
+        (10, Priority::HIGH),
+        "the replayed job is claimed first, at its level"
+    );
+    ack(&direct, q, &d).await;
+    for want in [11, 12] {
+        let (n, p, d) = claim_one(&direct, q).await;
+        assert_eq!((n, p), (want, Priority::NORMAL));
+        ack(&direct, q, &d).await;
+    }
+    assert_empty_direct(&direct, q, "after the delay, the retry and the replay").await;
+}
+
+/// A low job published before a flood of high ones is not starved: one of the first
+/// [`FAIR_CLAIM_EVERY`] claims (one at a time) takes it, though the first takes a high one.
+pub async fn no_priority_starves_under_a_flood_of_higher_ones<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_priority_fair";
+    let direct = connected(&fixture.broker().await).await;
+    direct.prepare(Q).await.expect("prepare");
+    direct
+        .publish_job(job(Q, 0).priority(Priority::LOWEST))
+        .await
+        .expect("publish");
+    let flood = 2 * FAIR_CLAIM_EVERY;
+    for n in 1..=flood {
+        direct
+            .publish_job(job(Q, n).priority(Priority::HIGHEST))
+            .await
+            .expect("publish");
+    }
+    let mut low_at = None;
+    for claim in 1..=flood + 1 {
+        let (n, _, d) = claim_one(&direct, Q).await;
+        ack(&direct, Q, &d).await;
+        if n == 0 {
+            low_at = Some(claim);
+        }
+        if claim == 1 {
+            assert_ne!(n, 0, "the first claim takes a high job");
+        }
+    }
+    let low_at = low_at.expect("the low job is claimed");
+    assert!(
+        low_at <= FAIR_CLAIM_EVERY,
+        "the low job is claimed within {FAIR_CLAIM_EVERY} claims, not at claim {low_at}"
+    );
+    assert_empty_direct(&direct, Q, "after the flood").await;
+}
