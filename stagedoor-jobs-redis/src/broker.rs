@@ -28,7 +28,7 @@ use stagedoor_jobs::broker::{
     Broker, BrokerError, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo, Permits,
     Problem, Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
 };
-use stagedoor_jobs::{Activity, Clock, Envelope};
+use stagedoor_jobs::{Activity, Clock, Envelope, Priority};
 use tokio::sync::OnceCell;
 
 #[cfg(feature = "cluster")]
@@ -122,11 +122,31 @@ pub(crate) enum SettleOp {
     Dead { job: String, items: Vec<Vec<u8>> },
 }
 
-/// When a queue last looked for entries to reclaim, and when its delayed mover looks next.
-#[derive(Clone, Copy)]
+/// When a queue last looked for entries to reclaim, and when its delayed mover looks next;
+/// the priority levels its claims read, and how many claims it made.
+#[derive(Clone, Copy, Default)]
 pub(crate) struct Housekeeping {
     pub(crate) reclaimed_at: Option<tokio::time::Instant>,
     pub(crate) next_delayed: Option<tokio::time::Instant>,
+    /// The levels other than normal jobs were published at (`{q}:levels`), one bit each
+    /// (bit `level + 2`), and when that set was read (it is read again every second).
+    pub(crate) levels: u8,
+    pub(crate) levels_read: Option<tokio::time::Instant>,
+    /// Claims made on this queue, for the fair claim every `FAIR_CLAIM_EVERY`.
+    pub(crate) claims: u64,
+}
+
+/// The bit of priority `level` in [`Housekeeping::levels`].
+pub(crate) fn level_bit(level: Priority) -> u8 {
+    1 << (level.get() + 2)
+}
+
+/// The levels of `mask` and normal, highest first.
+pub(crate) fn levels_of(mask: u8) -> Vec<Priority> {
+    Priority::ALL
+        .into_iter()
+        .filter(|l| *l == Priority::NORMAL || mask & level_bit(*l) != 0)
+        .collect()
 }
 
 /// A delivery's receipt: its entry, the delivery count it was claimed with (the fence), and
@@ -136,6 +156,8 @@ pub struct RedisReceipt {
     pub(crate) id: String,
     pub(crate) deliveries: u64,
     pub(crate) fields: Fields,
+    /// The priority level of the stream the entry was read from.
+    pub(crate) level: Priority,
 }
 
 impl fmt::Debug for RedisBroker {
@@ -332,6 +354,93 @@ impl RedisBroker {
             .or_default()
             .insert(name.to_owned(), Arc::clone(&k));
         k
+    }
+
+    /// [`cached_keys`](Self::cached_keys) with the stream of priority `level` (see
+    /// [`Keys::at`]).
+    pub(crate) fn keys_at(&self, name: &str, level: Priority) -> Arc<Keys> {
+        if level == Priority::NORMAL {
+            return self.cached_keys(name);
+        }
+        let mut cache = self
+            .inner
+            .keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Not a queue's name (`#` cannot start a level's suffix): no clash with a queue.
+        let cached = format!("{name}#{level}");
+        if let Some(k) = cache.get(&self.namespace).and_then(|m| m.get(&cached)) {
+            return Arc::clone(k);
+        }
+        if cache.values().map(HashMap::len).sum::<usize>() >= KEYS_CACHED {
+            cache.clear();
+        }
+        let k = Arc::new(self.keys(name).at(level));
+        cache
+            .entry(self.namespace.clone())
+            .or_default()
+            .insert(cached, Arc::clone(&k));
+        k
+    }
+
+    /// The priority levels of `queue`'s streams, highest first (normal always): those jobs
+    /// were published at, read from `{q}:levels` at most once a second. A level seen for the
+    /// first time gets its stream and consumer group.
+    pub(crate) async fn levels_in_use(&self, queue: &str) -> Result<Vec<Priority>, BrokerError> {
+        if Keys::is_dead(queue) {
+            return Ok(vec![Priority::NORMAL]);
+        }
+        let now = tokio::time::Instant::now();
+        let hk = self.housekeeping(queue);
+        if hk
+            .levels_read
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            return Ok(levels_of(hk.levels));
+        }
+        let keys = self.cached_keys(queue);
+        let mut c = self.conn()?;
+        let members: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(keys.levels())
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mask = members
+            .iter()
+            .filter_map(|m| Priority::parse(m).ok())
+            .filter(|l| *l != Priority::NORMAL)
+            .fold(0u8, |m, l| m | level_bit(l));
+        for l in levels_of(mask & !hk.levels) {
+            if l != Priority::NORMAL {
+                self.prepare_stream(&keys.at(l)).await?;
+            }
+        }
+        self.update_housekeeping(queue, |h| {
+            h.levels = mask;
+            h.levels_read = Some(now);
+        });
+        Ok(levels_of(mask))
+    }
+
+    /// `queue`'s housekeeping (a fresh one the first time).
+    pub(crate) fn housekeeping(&self, queue: &str) -> Housekeeping {
+        self.inner
+            .housekeeping
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(queue)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Changes `queue`'s housekeeping in place.
+    pub(crate) fn update_housekeeping(&self, queue: &str, f: impl FnOnce(&mut Housekeeping)) {
+        let mut all = self
+            .inner
+            .housekeeping
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(all.entry(queue.to_owned()).or_default());
     }
 
     /// Puts every key of this broker in namespace `ns` (`{ns<queue>}`), so that several

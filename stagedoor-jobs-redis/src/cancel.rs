@@ -6,8 +6,8 @@
 //! ([`Broker::cancelled`](stagedoor_jobs::Broker::cancelled)).
 
 use redis::{Value, cmd};
-use stagedoor_jobs::JobId;
 use stagedoor_jobs::broker::{BrokerError, Cancelled};
+use stagedoor_jobs::{JobId, Priority};
 
 use crate::broker::{GROUP, RedisBroker, ms};
 use crate::conn::Conn;
@@ -51,7 +51,26 @@ impl RedisBroker {
                 }
                 continue;
             }
-            if let Some((entry_id, fields)) = self.find_entry(&mut c, &keys, id).await? {
+            // In the queue's stream, or one of its priority levels'.
+            let levels: Vec<String> = cmd("SMEMBERS")
+                .arg(keys.levels())
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+            let mut found = None;
+            for level in std::iter::once(Priority::NORMAL).chain(
+                levels
+                    .iter()
+                    .filter_map(|l| Priority::parse(l).ok())
+                    .filter(|l| *l != Priority::NORMAL),
+            ) {
+                let at = keys.at(level);
+                if let Some(e) = self.find_entry(&mut c, &at, id).await? {
+                    found = Some((at, e));
+                    break;
+                }
+            }
+            if let Some((keys, (entry_id, fields))) = found {
                 let now = ms(self.now());
                 let until = now + cancel_mark_ttl(self.lease).as_millis() as i64;
                 let r: i64 = scripts::CANCEL_ENTRY

@@ -2,13 +2,15 @@
 //! lease reclaimed, delayed jobs that are due moved to the stream by the mover, and each
 //! entry made a delivery, or dead-lettered when it cannot run (malformed, or its cap spent).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redis::{Value, cmd};
+use stagedoor_jobs::Priority;
 use stagedoor_jobs::broker::{BrokerError, Delivery};
 
-use crate::broker::{Cap, DEAD_MAXLEN, GROUP, Housekeeping, RedisBroker, RedisReceipt, ms};
+use crate::broker::{Cap, DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, ms};
 use crate::entry::{self, Fields};
 use crate::keys::Keys;
 use crate::scripts;
@@ -26,19 +28,11 @@ impl RedisBroker {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        let keys = self.cached_keys(queue);
+        // The priority levels to read, highest first: normal alone for a queue that never saw
+        // another (its claim is one read, as it always was).
+        let levels = self.levels_in_use(queue).await?;
         let now = tokio::time::Instant::now();
-        let hk = self
-            .inner
-            .housekeeping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(queue)
-            .copied()
-            .unwrap_or(Housekeeping {
-                reclaimed_at: None,
-                next_delayed: None,
-            });
+        let hk = self.housekeeping(queue);
         let mut out = Vec::new();
         let mut next_delayed = hk.next_delayed;
         let mut reclaimed_at = hk.reclaimed_at;
@@ -52,11 +46,17 @@ impl RedisBroker {
             && self.inner.errors.quiet_for(self.lease)
         {
             reclaimed_at = Some(now);
-            out = self.reclaim(&keys, max).await?;
+            for level in &levels {
+                if out.len() >= max {
+                    break;
+                }
+                let keys = self.keys_at(queue, *level);
+                out.extend(self.reclaim(&keys, *level, max - out.len()).await?);
+            }
         }
         // Delayed jobs that are due, when the last look said one would be.
         if next_delayed.is_none_or(|t| now >= t) {
-            let next = self.move_due(&keys).await?;
+            let next = self.move_due(&self.cached_keys(queue)).await?;
             next_delayed = Some(match next {
                 Some(t) => {
                     let d = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
@@ -65,17 +65,13 @@ impl RedisBroker {
                 None => now + Duration::from_secs(1),
             });
         }
-        self.inner
-            .housekeeping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(
-                queue.to_owned(),
-                Housekeeping {
-                    reclaimed_at,
-                    next_delayed,
-                },
-            );
+        let mut claims = 0;
+        self.update_housekeeping(queue, |h| {
+            h.reclaimed_at = reclaimed_at;
+            h.next_delayed = next_delayed;
+            h.claims += 1;
+            claims = h.claims;
+        });
         if out.len() >= max {
             return Ok(out);
         }
@@ -84,46 +80,137 @@ impl RedisBroker {
         if let Some(t) = next_delayed {
             block = block.min(t.saturating_duration_since(tokio::time::Instant::now()));
         }
+        if let [level] = levels.as_slice() {
+            let keys = self.keys_at(queue, *level);
+            return self.read_new(queue, &[&keys], max, block, out).await;
+        }
+        // Several levels: the highest first, each read without blocking until the claim is
+        // full; every FAIR_CLAIM_EVERY-th claim starts at another level instead (the lowest
+        // first, then each in turn), so that no level waits forever behind a busier one.
+        let mut order = levels.clone();
+        if claims % stagedoor_jobs::FAIR_CLAIM_EVERY == 0 {
+            order.reverse();
+            let turn = (claims / stagedoor_jobs::FAIR_CLAIM_EVERY).saturating_sub(1);
+            let n = order.len() as u64;
+            order.rotate_left((turn % n) as usize);
+        }
+        let keys: Vec<Arc<Keys>> = order.iter().map(|l| self.keys_at(queue, *l)).collect();
+        for k in &keys {
+            if out.len() >= max {
+                return Ok(out);
+            }
+            out = self.read_new(queue, &[k], max, Duration::ZERO, out).await?;
+        }
+        if !out.is_empty() || block.is_zero() {
+            return Ok(out);
+        }
+        // Nothing at any level: block on them all at once. A blocked read answers with the
+        // entries of one stream on Redis 7.0, of each stream that has some on later versions:
+        // each stream's count is the claim's share, so that the claim never holds more than
+        // `max`; with fewer slots than levels, it blocks on the first `max` levels, for at
+        // most 100 ms, and the next claim reads the others.
+        let (count, streams) = if max >= keys.len() {
+            (max / keys.len(), keys.len())
+        } else {
+            block = block.min(Duration::from_millis(100));
+            (1, max)
+        };
+        let on: Vec<&Keys> = keys[..streams].iter().map(|k| &**k).collect();
+        self.read_new_shared(queue, &on, count, block, out).await
+    }
+
+    /// Reads new entries of `keys`' streams (one stream, `max` of them), blocking up to
+    /// `block`, and adds their deliveries to `out`.
+    async fn read_new(
+        &self,
+        queue: &str,
+        keys: &[&Keys],
+        max: usize,
+        block: Duration,
+        out: Vec<Delivery<RedisReceipt>>,
+    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+        let count = max - out.len();
+        self.read_new_shared(queue, keys, count, block, out).await
+    }
+
+    /// Reads up to `count` new entries of each of `keys`' streams, blocking up to `block`, and
+    /// adds their deliveries to `out`.
+    async fn read_new_shared(
+        &self,
+        queue: &str,
+        keys: &[&Keys],
+        count: usize,
+        block: Duration,
+        mut out: Vec<Delivery<RedisReceipt>>,
+    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
         let mut read = cmd("XREADGROUP");
         read.arg("GROUP")
             .arg(GROUP)
             .arg(&self.inner.consumer)
             .arg("COUNT")
-            .arg(max - out.len());
-        let mut c = if block.is_zero() {
-            read.arg("STREAMS").arg(&keys.stream).arg(">");
-            self.conn()?
-        } else {
-            read.arg("BLOCK")
-                .arg(block.as_millis().max(1) as u64)
-                .arg("STREAMS")
-                .arg(&keys.stream)
-                .arg(">");
+            .arg(count);
+        let blocking = !block.is_zero();
+        if blocking {
+            read.arg("BLOCK").arg(block.as_millis().max(1) as u64);
+        }
+        read.arg("STREAMS");
+        for k in keys {
+            read.arg(&k.stream);
+        }
+        for _ in keys {
+            read.arg(">");
+        }
+        let mut c = if blocking {
             self.blocking_conn(queue).await?
+        } else {
+            self.conn()?
         };
         // Both reads, blocking or not, make a deleted stream again (it used to be only the
         // blocking one: the other failed every claim until a blocking read happened).
         let reply: Value = match read.query_async(&mut c).await {
             Ok(v) => v,
             Err(e) if e.to_string().contains("NOGROUP") => {
-                // The stream was deleted under us: make it again.
+                // A stream was deleted under us: make them again.
                 self.prepare(queue).await?;
+                for k in keys {
+                    self.prepare_stream(k).await?;
+                }
                 Value::Nil
             }
             Err(e) => return Err(self.err(e)),
         };
-        for (id, fields) in value::into_read_reply(reply) {
-            if let Some(d) = self.delivery(&keys, id, fields, 1).await? {
-                out.push(d);
+        for (stream, entries) in value::into_streams_reply(reply) {
+            let Some(k) = keys.iter().find(|k| k.stream == stream) else {
+                tracing::error!(
+                    queue,
+                    stream,
+                    "a read answered for a stream it did not ask for"
+                );
+                continue;
+            };
+            let level = Self::level_of(k);
+            for (id, fields) in entries {
+                if let Some(d) = self.delivery(k, level, id, fields, 1).await? {
+                    out.push(d);
+                }
             }
         }
         Ok(out)
+    }
+
+    /// The priority level of `keys`' stream.
+    fn level_of(keys: &Keys) -> Priority {
+        Priority::ALL
+            .into_iter()
+            .find(|l| keys.at(*l).stream == keys.stream)
+            .unwrap_or_default()
     }
 
     /// Reclaims entries idle past the lease (at most every quarter lease per queue).
     pub(crate) async fn reclaim(
         &self,
         keys: &Keys,
+        level: Priority,
         max: usize,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
         let mut c = self.conn()?;
@@ -171,7 +258,7 @@ impl RedisBroker {
                 continue;
             };
             let d = d.max(1) as u64;
-            if let Some(delivery) = self.delivery(keys, id, fields, d).await? {
+            if let Some(delivery) = self.delivery(keys, level, id, fields, d).await? {
                 out.push(delivery);
             }
         }
@@ -187,10 +274,14 @@ impl RedisBroker {
     pub(crate) async fn delivery(
         &self,
         keys: &Keys,
+        level: Priority,
         id: String,
         fields: Fields,
         deliveries: u64,
     ) -> Result<Option<Delivery<RedisReceipt>>, BrokerError> {
+        // The entry's level is its stream's, whatever its field says (an entry added by
+        // hand): its retry goes back there.
+        let fields = entry::at_level(fields, level);
         // An entry without a `job_id` (added by hand) takes its entry id as its job id: the
         // delivery, its retry (a new entry), its dead letter and the CLI all show that one id.
         let fields = if entry::get(&fields, "job_id").is_some_and(|j| !j.is_empty()) {
@@ -249,6 +340,7 @@ impl RedisBroker {
                 id,
                 deliveries,
                 fields,
+                level,
             },
         }))
     }
@@ -294,10 +386,11 @@ impl RedisBroker {
         }
         let result = async {
             loop {
-                let reply: Value = scripts::MOVE_DUE
-                    .pick(self.allow_oom())
-                    .key(&keys.delayed)
-                    .key(&keys.stream)
+                let mut call = scripts::MOVE_DUE.pick(self.allow_oom()).key(&keys.delayed);
+                for level in Priority::ALL.iter().rev() {
+                    call.key(&keys.at(*level).stream);
+                }
+                let reply: Value = call
                     .arg(ms(self.now()))
                     .arg(MOVE_BATCH)
                     .invoke_async(&mut c)

@@ -2,7 +2,8 @@
 //!
 //! Fields (seed 000's layout): `kind`, `job_id`, `attempts` (attempts spent before this entry
 //! was added; 0 for a new job), `payload`, `enqueued_at` (milliseconds since the epoch),
-//! `request_id`, `trace`, `h.<name>` for any other header. A dead entry adds `error`,
+//! `priority` (a level other than normal, `-2` to `2`: which stream it goes back to), `request_id`,
+//! `trace`, `h.<name>` for any other header. A dead entry adds `error`,
 //! `traceback`, `failed_at` (RFC 3339) and `origin` (the queue it failed on), and its
 //! `attempts` is the attempts it spent.
 //!
@@ -11,7 +12,7 @@
 
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::broker::MAX_ATTEMPT;
-use stagedoor_jobs::{Envelope, Headers, JobId};
+use stagedoor_jobs::{Envelope, Headers, JobId, Priority};
 
 /// Fields of one entry, in order, as bytes.
 pub(crate) type Fields = Vec<(Vec<u8>, Vec<u8>)>;
@@ -33,6 +34,12 @@ pub(crate) fn encode(envelope: &Envelope, attempts: u32) -> Fields {
                 .into_bytes(),
         ),
     ];
+    if envelope.priority() != Priority::NORMAL {
+        f.push((
+            "priority".into(),
+            envelope.priority().to_string().into_bytes(),
+        ));
+    }
     if let Some(r) = &h.request_id {
         f.push(("request_id".into(), r.as_bytes().to_vec()));
     }
@@ -43,6 +50,28 @@ pub(crate) fn encode(envelope: &Envelope, attempts: u32) -> Fields {
         f.push((format!("h.{k}").into_bytes(), v.as_bytes().to_vec()));
     }
     f
+}
+
+/// The priority level field `priority` names: the stream a retry, a due delayed job or a
+/// replay goes back to. Absent, or not a level (an entry edited by hand): normal.
+pub(crate) fn level(fields: &Fields) -> Priority {
+    text(fields, "priority")
+        .and_then(|t| Priority::parse(&t).ok())
+        .unwrap_or_default()
+}
+
+/// `fields` with its `priority` field saying `level` (none for normal): a delivery's fields
+/// name the level of the stream it was read from, where its retry goes back.
+pub(crate) fn at_level(fields: Fields, level: Priority) -> Fields {
+    let wanted = (level != Priority::NORMAL).then(|| level.to_string().into_bytes());
+    if get(&fields, "priority") == wanted.as_deref() {
+        return fields;
+    }
+    if level == Priority::NORMAL {
+        without(&fields, &["priority"])
+    } else {
+        with(&fields, "priority", level.to_string())
+    }
 }
 
 /// The value of field `name`.
@@ -132,7 +161,8 @@ pub(crate) fn decode(
     }
     let mut env = Envelope::new(kind, payload, enqueued)
         .with_attempt(attempt)
-        .with_headers(headers);
+        .with_headers(headers)
+        .with_priority(level(fields));
     if let Some(id) = text(fields, "job_id").filter(|i| !i.is_empty()) {
         env = env.with_id(JobId::from_string(id));
     }

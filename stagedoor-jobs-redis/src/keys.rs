@@ -9,6 +9,8 @@
 //! | | `{jobs}:ids` | the ids of the jobs in the queue, so one is not added twice |
 //! | | `{jobs}:mover` | the lock of the delayed mover |
 //! | | `{jobs}:once:<guard>` | a scheduler tick's guard ([`Broker::publish_once`](stagedoor_jobs::Broker::publish_once)) |
+//! | | `{jobs}:p<level>` | the stream of the jobs of priority `level` (`-2`, `-1`, `1`, `2`); normal ones are in `{jobs}` |
+//! | | `{jobs}:levels` | the priority levels other than normal that jobs were ever published at |
 
 /// The keys of one queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +24,8 @@ pub(crate) struct Keys {
     /// The hash tag every key above starts with (`{jobs}`).
     tag: String,
 }
+
+use stagedoor_jobs::Priority;
 
 /// The suffix of a dead stream's name.
 pub(crate) const DEAD_SUFFIX: &str = ":dead";
@@ -61,6 +65,35 @@ impl Keys {
         format!("{}:cancelled", self.tag)
     }
 
+    /// The keys of this queue with the stream of priority `level` (`{jobs}:p2`; `{jobs}`
+    /// for normal): every other key is the queue's (one delayed set, one set of ids, one
+    /// dead stream for every level). A dead stream has no levels: its keys are its own.
+    pub(crate) fn at(&self, level: Priority) -> Self {
+        let mut k = self.clone();
+        if !Self::is_dead(&self.name) {
+            k.stream = if level == Priority::NORMAL {
+                self.tag.clone()
+            } else {
+                format!("{}:p{level}", self.tag)
+            };
+        }
+        k
+    }
+
+    /// The set of the priority levels other than normal that jobs of this queue were ever
+    /// published at (their streams are the ones a claim reads besides the queue's).
+    pub(crate) fn levels(&self) -> String {
+        format!("{}:levels", self.tag)
+    }
+
+    /// Whether `suffix`, what follows a stream key's hash tag, names a priority level's stream
+    /// (`:p2`, `:p-1`): not a queue of its own.
+    pub(crate) fn is_level_suffix(suffix: &str) -> bool {
+        suffix
+            .strip_prefix(":p")
+            .is_some_and(|l| Priority::parse(l).is_ok())
+    }
+
     /// Whether `name` is a dead stream.
     pub(crate) fn is_dead(name: &str) -> bool {
         name.ends_with(DEAD_SUFFIX)
@@ -82,6 +115,19 @@ mod tests {
         assert_eq!(d.stream, "{jobs}:dead");
         assert_eq!(d.dead, "{jobs}:dead");
         assert!(Keys::is_dead("jobs:dead") && !Keys::is_dead("jobs"));
+        let high = k.at(Priority::HIGHEST);
+        assert_eq!(high.stream, "{jobs}:p2");
+        assert_eq!(
+            (&high.delayed, &high.ids),
+            (&k.delayed, &k.ids),
+            "one delayed set, one set of ids"
+        );
+        assert_eq!(k.at(Priority::LOW).stream, "{jobs}:p-1");
+        assert_eq!(k.at(Priority::NORMAL), k);
+        assert_eq!(high.at(Priority::NORMAL), k, "back to normal from a level");
+        assert_eq!(d.at(Priority::HIGH), d, "a dead stream has no levels");
+        assert!(Keys::is_level_suffix(":p-2") && !Keys::is_level_suffix(":p3"));
+        assert!(!Keys::is_level_suffix(":dead") && !Keys::is_level_suffix(":p0x"));
         assert_eq!(
             Keys::of("t1:", "jobs").once("sched:a:{b}:1"),
             "{t1:jobs}:once:sched:a:{b}:1",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::broker::{BrokerError, Published};
-use stagedoor_jobs::{Envelope, JobId};
+use stagedoor_jobs::{Envelope, JobId, Priority};
 
 use crate::broker::{RedisBroker, ms};
 use crate::entry;
@@ -20,21 +20,29 @@ const PUBLISH_CHUNK: usize = 500;
 /// Arguments per call of the publish script, about (a call holds one job at least).
 const PUBLISH_CHUNK_BYTES: usize = 4 << 20;
 
-/// The publish script's calls for `jobs`: for each, the position of its first job and its
-/// ARGV (`job_id, due_ms, n` and `n` items per job, see [`scripts::PUBLISH`]). A call holds
-/// at most [`PUBLISH_CHUNK`] jobs and about [`PUBLISH_CHUNK_BYTES`].
-fn publish_chunks(
-    jobs: &[(Envelope, Option<DateTime<Utc>>)],
-    now: DateTime<Utc>,
-) -> Vec<(usize, Vec<Vec<u8>>)> {
+/// One call of the publish script: the position of its first job, the priority level of
+/// its jobs (whose stream it adds to) and its ARGV.
+type Chunk = (usize, Priority, Vec<Vec<u8>>);
+
+/// The publish script's calls for `jobs`: for each, the position of its first job, its jobs'
+/// priority level and its ARGV (`job_id, due_ms, n` and `n` items per job, see
+/// [`scripts::PUBLISH`]). A call holds at most [`PUBLISH_CHUNK`] jobs and about
+/// [`PUBLISH_CHUNK_BYTES`], all of one level (a batch of mixed levels is cut where the level
+/// changes).
+fn publish_chunks(jobs: &[(Envelope, Option<DateTime<Utc>>)], now: DateTime<Utc>) -> Vec<Chunk> {
     let mut chunks = Vec::new();
     let mut args = Vec::new();
     let (mut first, mut count, mut bytes) = (0, 0, 0);
+    let mut level = jobs.first().map(|(e, _)| e.priority()).unwrap_or_default();
     for (i, (envelope, at)) in jobs.iter().enumerate() {
-        if count == PUBLISH_CHUNK || (count > 0 && bytes >= PUBLISH_CHUNK_BYTES) {
-            chunks.push((first, std::mem::take(&mut args)));
+        if count == PUBLISH_CHUNK
+            || (count > 0 && bytes >= PUBLISH_CHUNK_BYTES)
+            || (count > 0 && envelope.priority() != level)
+        {
+            chunks.push((first, level, std::mem::take(&mut args)));
             (first, count, bytes) = (i, 0, 0);
         }
+        level = envelope.priority();
         let fields = entry::encode(envelope, 0);
         let due = match at {
             Some(t) if *t > now => ms(*t),
@@ -53,7 +61,7 @@ fn publish_chunks(
         count += 1;
     }
     if count > 0 {
-        chunks.push((first, args));
+        chunks.push((first, level, args));
     }
     chunks
 }
@@ -73,7 +81,7 @@ impl RedisBroker {
         let keys = self.keys(queue);
         let now = self.now();
         let chunks = publish_chunks(&jobs, now);
-        let skipped: Vec<Vec<i64>> = if let [(_, args)] = chunks.as_slice() {
+        let skipped: Vec<Vec<i64>> = if let [(_, Priority::NORMAL, args)] = chunks.as_slice() {
             // One call: atomic by itself, one round trip once the script is loaded.
             vec![
                 scripts::PUBLISH
@@ -93,13 +101,24 @@ impl RedisBroker {
             // with the text rather than `EVALSHA`: a script missing from the cache inside
             // `EXEC` could not be loaded and retried. A retry of the whole batch after an
             // error is safe: ids already in the queue are not added twice.
+            // The priority levels other than normal go into the queue's set of levels in
+            // the same transaction, so that claims read their streams.
             let mut pipe = redis::pipe();
             pipe.atomic();
-            for (_, args) in &chunks {
+            let mut levels: Vec<String> = chunks
+                .iter()
+                .filter(|c| c.1 != Priority::NORMAL)
+                .map(|c| c.1.to_string())
+                .collect();
+            levels.dedup();
+            if !levels.is_empty() {
+                pipe.cmd("SADD").arg(keys.levels()).arg(&levels).ignore();
+            }
+            for (_, level, args) in &chunks {
                 pipe.cmd("EVAL")
                     .arg(scripts::PUBLISH_BODY)
                     .arg(3)
-                    .arg(&keys.stream)
+                    .arg(&keys.at(*level).stream)
                     .arg(&keys.delayed)
                     .arg(&keys.ids)
                     .arg(args);
@@ -117,7 +136,7 @@ impl RedisBroker {
                 chunks.len()
             )));
         }
-        for ((first, _), positions) in chunks.iter().zip(&skipped) {
+        for ((first, _, _), positions) in chunks.iter().zip(&skipped) {
             for p in positions {
                 let at = usize::try_from(*p - 1).ok().map(|p| first + p);
                 match at.and_then(|i| stored.get_mut(i)) {
@@ -169,13 +188,22 @@ impl RedisBroker {
         let id = job.0.id().clone();
         let at = job.1;
         let jobs = [job];
-        let Some((_, args)) = publish_chunks(&jobs, now).pop() else {
+        let Some((_, level, args)) = publish_chunks(&jobs, now).pop() else {
             return Err(BrokerError::Backend(format!(
                 "publish_once to `{queue}`: the job made no script arguments"
             )));
         };
+        if level != Priority::NORMAL {
+            // Before the job: a claim that reads the set then finds the level's stream.
+            let _: i64 = redis::cmd("SADD")
+                .arg(keys.levels())
+                .arg(level.to_string())
+                .query_async(&mut c)
+                .await
+                .map_err(|e| self.err(e))?;
+        }
         let (n, holder): (i64, String) = scripts::PUBLISH_ONCE
-            .key(&keys.stream)
+            .key(&keys.at(level).stream)
             .key(&keys.delayed)
             .key(&keys.ids)
             .key(keys.once(guard))
@@ -254,12 +282,12 @@ mod publish_chunks_tests {
             .map(|n| job(10, if n % 2 == 0 { later } else { None }))
             .collect();
         let chunks = publish_chunks(&jobs, now);
-        let firsts: Vec<usize> = chunks.iter().map(|(f, _)| *f).collect();
+        let firsts: Vec<usize> = chunks.iter().map(|(f, _, _)| *f).collect();
         assert_eq!(firsts, [0, 500, 1_000]);
-        let sizes: Vec<usize> = chunks.iter().map(|(_, a)| jobs_in(a)).collect();
+        let sizes: Vec<usize> = chunks.iter().map(|(_, _, a)| jobs_in(a)).collect();
         assert_eq!(sizes, [500, 500, 201]);
         // A delayed job carries its member, one due now its fields.
-        let a = &chunks[0].1;
+        let a = &chunks[0].2;
         assert_eq!(a[0], jobs[0].0.id().as_str().as_bytes());
         assert_eq!(a[1], ms(at).to_string().into_bytes());
         assert_eq!(a[2], b"1");
@@ -268,6 +296,34 @@ mod publish_chunks_tests {
         assert_eq!(a[6], b"10");
         assert_eq!(a[7], b"kind");
         assert!(publish_chunks(&[], now).is_empty());
+    }
+
+    #[test]
+    fn a_call_holds_jobs_of_one_level() {
+        let now = Utc::now();
+        let at = |p: Priority| {
+            let (e, t) = job(1, None);
+            (e.with_priority(p), t)
+        };
+        let jobs = [
+            at(Priority::NORMAL),
+            at(Priority::NORMAL),
+            at(Priority::HIGH),
+            at(Priority::NORMAL),
+        ];
+        let chunks = publish_chunks(&jobs, now);
+        let cut: Vec<(usize, Priority, usize)> = chunks
+            .iter()
+            .map(|(f, l, a)| (*f, *l, jobs_in(a)))
+            .collect();
+        assert_eq!(
+            cut,
+            [
+                (0, Priority::NORMAL, 2),
+                (2, Priority::HIGH, 1),
+                (3, Priority::NORMAL, 1)
+            ]
+        );
     }
 
     #[test]
@@ -280,7 +336,7 @@ mod publish_chunks_tests {
             job(10, None),
         ];
         let chunks = publish_chunks(&jobs, Utc::now());
-        let firsts: Vec<usize> = chunks.iter().map(|(f, _)| *f).collect();
+        let firsts: Vec<usize> = chunks.iter().map(|(f, _, _)| *f).collect();
         assert_eq!(firsts, [0, 2]);
         let huge = vec![job(2 * PUBLISH_CHUNK_BYTES, None)];
         assert_eq!(

@@ -309,14 +309,22 @@ return 0
     )
 });
 
-/// KEYS: delayed, stream. ARGV: now_ms, batch. Moves up to `batch` due jobs to the stream,
-/// each add and remove together. Returns {moved, next due score or false}.
+/// KEYS: delayed, then the streams of the priority levels -2, -1, 0 (the queue's), 1, 2.
+/// ARGV: now_ms, batch. Moves up to `batch` due jobs to the stream of their level (their
+/// `priority` field; normal without one, or with one that is no level), each add and remove
+/// together. Returns {moved, next due score or false}.
 pub(crate) static MOVE_DUE: LazyLock<OomScript> = LazyLock::new(|| {
     OomScript::new(
         r"
 local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
+local levels = {['-2'] = 2, ['-1'] = 3, ['1'] = 5, ['2'] = 6}
 for _, m in ipairs(due) do
-  redis.call('XADD', KEYS[2], '*', unpack(cmsgpack.unpack(m)))
+  local f = cmsgpack.unpack(m)
+  local k = 4
+  for i = 1, #f - 1, 2 do
+    if f[i] == 'priority' then k = levels[f[i + 1]] or 4 end
+  end
+  redis.call('XADD', KEYS[k], '*', unpack(f))
   redis.call('ZREM', KEYS[1], m)
 end
 local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')

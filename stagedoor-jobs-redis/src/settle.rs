@@ -150,7 +150,7 @@ impl RedisBroker {
         queue: &str,
         receipt: &RedisReceipt,
     ) -> Result<bool, BrokerError> {
-        let keys = self.keys(queue);
+        let keys = self.keys_at(queue, receipt.level);
         let mut c = self.conn()?;
         let r: i64 = scripts::RENEW
             .pick(self.allow_oom())
@@ -173,8 +173,9 @@ impl RedisBroker {
         delivery: &Delivery<RedisReceipt>,
         settlement: Settlement,
     ) -> Result<Settled, BrokerError> {
-        let keys = self.cached_keys(queue);
         let r = &delivery.receipt;
+        // The stream of the delivery's level: a retry due now goes back to it.
+        let keys = self.keys_at(queue, r.level);
         let job = delivery.envelope.id().to_string();
         let (op, delayed) = match settlement {
             Settlement::Ack | Settlement::Drop => (SettleOp::Ack { job }, None),

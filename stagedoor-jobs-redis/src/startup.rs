@@ -121,6 +121,19 @@ impl RedisBroker {
     /// in `broker.rs` calls this).
     pub(crate) async fn prepare(&self, queue: &str) -> Result<(), BrokerError> {
         let keys = self.keys(queue);
+        self.prepare_stream(&keys).await?;
+        // The streams of the priority levels in use (not at all for a queue without any).
+        let hk = self.housekeeping(queue);
+        for level in crate::broker::levels_of(hk.levels) {
+            if level != stagedoor_jobs::Priority::NORMAL {
+                self.prepare_stream(&keys.at(level)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes `keys`' stream and its consumer group, if they are not there.
+    pub(crate) async fn prepare_stream(&self, keys: &Keys) -> Result<(), BrokerError> {
         let mut c = self.conn()?;
         let r: redis::RedisResult<Value> = cmd("XGROUP")
             .arg("CREATE")
@@ -136,7 +149,7 @@ impl RedisBroker {
             // A full server refuses `XGROUP CREATE` even when the group exists (the command may
             // grow its memory, so it is refused before it looks): a group that exists is all a
             // worker needs, and it drains the full server like any other.
-            Err(e) if is_oom(&e) && self.group_exists(&keys).await => Ok(()),
+            Err(e) if is_oom(&e) && self.group_exists(keys).await => Ok(()),
             Err(e) => Err(self.err(e)),
         }
     }

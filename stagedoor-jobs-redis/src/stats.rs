@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use redis::{Value, cmd};
+use stagedoor_jobs::Priority;
 use stagedoor_jobs::broker::{BrokerError, QueueStats};
 
 use crate::broker::{GROUP, RedisBroker, ms};
@@ -48,6 +49,29 @@ impl RedisBroker {
                 ..QueueStats::default()
             });
         }
+        // The queue's stream and those of the priority levels jobs were published at: the
+        // counts add up, the oldest is the oldest of all; the delayed set is the queue's one.
+        let levels: Vec<String> = cmd("SMEMBERS")
+            .arg(keys.levels())
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut total = self.stream_stats(&keys).await?;
+        for level in levels.iter().filter_map(|l| Priority::parse(l).ok()) {
+            if level == Priority::NORMAL {
+                continue;
+            }
+            let s = self.stream_stats(&keys.at(level)).await?;
+            total.ready += s.ready;
+            total.pending += s.pending;
+            total.oldest = total.oldest.max(s.oldest);
+        }
+        Ok(total)
+    }
+
+    /// The counts of `keys`' stream (and the queue's delayed set).
+    async fn stream_stats(&self, keys: &Keys) -> Result<QueueStats, BrokerError> {
+        let mut c = self.conn()?;
         let mut pipe = redis::pipe();
         pipe.cmd("XLEN").arg(&keys.stream);
         pipe.cmd("XPENDING").arg(&keys.stream).arg(GROUP);
@@ -172,7 +196,14 @@ impl RedisBroker {
                     let base = rest[..end]
                         .strip_prefix(self.namespace.as_str())
                         .unwrap_or(&rest[..end]);
-                    names.push(format!("{base}{}", &rest[end + 1..]));
+                    let suffix = &rest[end + 1..];
+                    // A priority level's stream is part of its queue.
+                    let suffix = if Keys::is_level_suffix(suffix) {
+                        ""
+                    } else {
+                        suffix
+                    };
+                    names.push(format!("{base}{suffix}"));
                 }
             }
             if next == 0 {

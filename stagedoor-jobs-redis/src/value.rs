@@ -123,18 +123,22 @@ fn into_entries(v: Value) -> Vec<(String, Fields)> {
         .collect()
 }
 
-/// The entries of an XREADGROUP reply (one stream), taken out of the reply (not copied).
-pub(crate) fn into_read_reply(v: Value) -> Vec<(String, Fields)> {
+/// The entries of an XREADGROUP reply of several streams, each with its stream's key, taken
+/// out of the reply (not copied).
+pub(crate) fn into_streams_reply(v: Value) -> Vec<(String, Vec<(String, Fields)>)> {
     match v {
         Value::Nil => Vec::new(),
-        Value::Map(m) => m.into_iter().flat_map(|(_, e)| into_entries(e)).collect(),
+        Value::Map(m) => m
+            .into_iter()
+            .filter_map(|(k, e)| Some((into_string(k)?, into_entries(e))))
+            .collect(),
         other => into_array(other)
             .into_iter()
-            .flat_map(|s| {
+            .filter_map(|s| {
                 let mut it = into_array(s).into_iter();
                 match (it.next(), it.next(), it.next()) {
-                    (Some(_), Some(e), None) => into_entries(e),
-                    _ => Vec::new(),
+                    (Some(k), Some(e), None) => Some((into_string(k)?, into_entries(e))),
+                    _ => None,
                 }
             })
             .collect(),

@@ -159,7 +159,8 @@ macro_rules! nonzero {
 pub mod prelude {
     pub use crate::{
         AppInfo, Ctx, Data, Exponential, Fixed, FullJitter, HandlerOutcome, Immediate, Job, JobId,
-        Missed, OnDecodeError, Schedule, Service, Subscriber, cron, keys, nonzero, subscriber,
+        Missed, OnDecodeError, Priority, Schedule, Service, Subscriber, cron, keys, nonzero,
+        subscriber,
     };
     #[cfg(feature = "testing")]
     pub use crate::{MemoryBroker, TestApp};

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use super::fixture::Fixture;
 use super::support::*;
-use crate::broker::{Broker, DeadLetters, DeadSelector, Delivery, Publish, Settlement};
+use crate::broker::{
+    Broker, Cancelled, DeadLetters, DeadSelector, Delivery, Inspect, Publish, Settlement,
+};
 use crate::{FAIR_CLAIM_EVERY, Failure, FailureCause, Priority};
 
 /// Claims one job (waiting up to [`PATIENCE`] for one) and acknowledges it; returns its
@@ -50,6 +52,23 @@ pub async fn priority_claims_higher_first_and_fifo_among_equals<F: Fixture>(fixt
             .await
             .expect("publish");
     }
+    // One more, cancelled before any claim: found at its level and removed.
+    let cancelled = direct
+        .publish_job(job(Q, 8).priority(Priority::HIGH))
+        .await
+        .expect("publish");
+    let stats = direct.stats(Q).await.expect("stats");
+    assert_eq!(stats.ready, 8, "every level counts: {stats:?}");
+    assert_eq!(
+        direct.cancel(Q, cancelled.id()).await.expect("cancel"),
+        Cancelled::Removed,
+        "a job waiting at a level other than normal is cancelled"
+    );
+    let queues = direct.queues().await.expect("queues");
+    assert!(
+        !queues.iter().any(|q| q.starts_with(&format!("{Q}:p"))),
+        "the levels are not queues of their own: {queues:?}"
+    );
     let mut order = Vec::new();
     for _ in 0..levels.len() {
         let (n, p, d) = claim_one(&direct, Q).await;
