@@ -34,7 +34,7 @@ use serde_json::{Value as Json, json};
 use stagedoor_jobs::broker::Delivery;
 use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
 use stagedoor_jobs::prelude::*;
-use stagedoor_jobs::{Broker, DeadSelector, Envelope, Running, ServiceError};
+use stagedoor_jobs::{Broker, DeadSelector, Envelope, Publish, Running, ServiceError};
 use stagedoor_jobs_redis::{RedisBroker, RedisReceipt, Stream};
 
 /// The stream of seed 000.
@@ -1790,5 +1790,146 @@ mod batches {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn cluster() {
         super::a_batch_of_many_calls_arrives_exactly_once(super::On::Cluster).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Priorities
+// ---------------------------------------------------------------------------------------------
+
+/// A worker that is already claiming sees the priority levels another process publishes at:
+/// the jobs land in their levels' streams (`{jobs}:p2`, `{jobs}:p-1`, the set `{jobs}:levels`),
+/// the worker makes each level's group when it first reads the set (the publisher made the
+/// stream without one), and claims the high job first. An entry added by hand to a level's
+/// stream without a `priority` field runs at that stream's level, and its retry goes back there.
+async fn levels_published_by_another_process_are_claimed_in_order(on: On) {
+    let fx = Fx::new(on).await;
+    let worker = fx.broker();
+    worker.connect().await.expect("connect");
+    worker.prepare(QUEUE).await.expect("prepare");
+    let none = worker
+        .claim(QUEUE, 4, Duration::from_millis(50))
+        .await
+        .expect("claim");
+    assert!(none.is_empty(), "nothing yet");
+
+    let publisher = fx.broker();
+    publisher.connect().await.expect("connect");
+    let publish = |n: u32, p: Priority| {
+        let publisher = publisher.clone();
+        async move {
+            let job = Job::new(QUEUE, &json!({ "n": n }))
+                .expect("json")
+                .kind("send_email")
+                .priority(p);
+            publisher.publish_job(job).await.expect("publish")
+        }
+    };
+    publish(1, Priority::LOW).await;
+    publish(2, Priority::NORMAL).await;
+    publish(3, Priority::HIGHEST).await;
+    assert_eq!(fx.xlen(&fx.key(":p2")).await, 1, "the highest job's stream");
+    assert_eq!(fx.xlen(&fx.key(":p-1")).await, 1, "the low job's stream");
+    assert_eq!(
+        fx.xlen(&fx.key("")).await,
+        1,
+        "the normal job in the queue's stream"
+    );
+    let levels: Vec<String> = fx.q(cmd("SMEMBERS").arg(fx.key(":levels"))).await;
+    assert_eq!(
+        levels.into_iter().collect::<HashSet<_>>(),
+        HashSet::from(["2".to_owned(), "-1".to_owned()])
+    );
+
+    // One at a time, as a worker of concurrency 1 claims: within the second it reads the set
+    // again, highest first.
+    let mut order = Vec::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while order.len() < 3 && tokio::time::Instant::now() < deadline {
+        for d in worker
+            .claim(QUEUE, 1, Duration::from_millis(200))
+            .await
+            .expect("claim")
+        {
+            let n = serde_json::from_slice::<Json>(d.envelope.payload()).expect("json")["n"]
+                .as_u64()
+                .expect("n");
+            order.push((n, d.envelope.priority()));
+            worker
+                .settle(QUEUE, &d, stagedoor_jobs::broker::Settlement::Ack)
+                .await
+                .expect("settle");
+        }
+    }
+    // The first claims may come before the worker read the set (the normal job first); once
+    // it has, the highest goes before the low one.
+    let pos = |n: u64| order.iter().position(|o| o.0 == n).expect("claimed");
+    assert!(pos(3) < pos(1), "the highest before the low: {order:?}");
+    assert!(order.contains(&(3, Priority::HIGHEST)) && order.contains(&(1, Priority::LOW)));
+
+    // By hand, to the high stream, with no `priority` field.
+    fx.xadd(
+        &fx.key(":p2"),
+        &[
+            ("kind", "send_email"),
+            ("job_id", "by-hand"),
+            ("attempts", "0"),
+            ("payload", r#"{"n":9}"#),
+        ],
+    )
+    .await;
+    let mut got = Vec::new();
+    while got.is_empty() && tokio::time::Instant::now() < deadline {
+        got = worker
+            .claim(QUEUE, 1, Duration::from_millis(200))
+            .await
+            .expect("claim");
+    }
+    let d = got.pop().expect("the entry added by hand");
+    assert_eq!(
+        d.envelope.priority(),
+        Priority::HIGHEST,
+        "its stream's level"
+    );
+    worker
+        .settle(
+            QUEUE,
+            &d,
+            stagedoor_jobs::broker::Settlement::Retry {
+                delay: Duration::ZERO,
+                failure: stagedoor_jobs::Failure::new(
+                    stagedoor_jobs::FailureCause::Error,
+                    "again",
+                    "",
+                ),
+            },
+        )
+        .await
+        .expect("settle");
+    let back = fx.xrange(&fx.key(":p2")).await;
+    assert!(
+        back.iter().any(
+            |(_, f)| f.contains(&("job_id".to_owned(), "by-hand".to_owned()))
+                && f.contains(&("priority".to_owned(), "2".to_owned()))
+        ),
+        "the retry is back in the high stream, its level written down: {back:?}"
+    );
+}
+
+mod priorities {
+    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn standalone() {
+        super::levels_published_by_another_process_are_claimed_in_order(super::On::Standalone)
+            .await;
+    }
+
+    #[cfg_attr(
+        not(stagedoor_cluster),
+        ignore = "needs a Redis Cluster: run scripts/test-all"
+    )]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn cluster() {
+        super::levels_published_by_another_process_are_claimed_in_order(super::On::Cluster).await;
     }
 }

@@ -113,6 +113,8 @@ impl RedisBroker {
             levels.dedup();
             if !levels.is_empty() {
                 pipe.cmd("SADD").arg(keys.levels()).arg(&levels).ignore();
+                // This process's claims read the set again at once, not within a second.
+                self.update_housekeeping(queue, |h| h.levels_read = None);
             }
             for (_, level, args) in &chunks {
                 pipe.cmd("EVAL")
@@ -201,6 +203,7 @@ impl RedisBroker {
                 .query_async(&mut c)
                 .await
                 .map_err(|e| self.err(e))?;
+            self.update_housekeeping(queue, |h| h.levels_read = None);
         }
         let (n, holder): (i64, String) = scripts::PUBLISH_ONCE
             .key(&keys.at(level).stream)
