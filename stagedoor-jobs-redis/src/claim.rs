@@ -85,16 +85,24 @@ impl RedisBroker {
             return self.read_new(queue, &[&keys], max, block, out).await;
         }
         // Several levels: the highest first, each read without blocking until the claim is
-        // full; every FAIR_CLAIM_EVERY-th claim starts at another level instead (the lowest
-        // first, then each in turn), so that no level waits forever behind a busier one.
-        let mut order = levels.clone();
+        // full; every FAIR_CLAIM_EVERY-th claim starts at the level whose oldest waiting job
+        // is the oldest instead, so that no level waits forever behind a busier one.
+        let mut keys: Vec<Arc<Keys>> = levels.iter().map(|l| self.keys_at(queue, *l)).collect();
         if claims % stagedoor_jobs::FAIR_CLAIM_EVERY == 0 {
-            order.reverse();
-            let turn = (claims / stagedoor_jobs::FAIR_CLAIM_EVERY).saturating_sub(1);
-            let n = order.len() as u64;
-            order.rotate_left((turn % n) as usize);
+            let mut call = scripts::OLDEST_WAITING.prepare_invoke();
+            for k in &keys {
+                call.key(&k.stream);
+            }
+            let oldest: i64 = call
+                .arg(GROUP)
+                .invoke_async(&mut self.conn()?)
+                .await
+                .map_err(|e| self.err(e))?;
+            if let Some(i) = usize::try_from(oldest - 1).ok().filter(|i| *i < keys.len()) {
+                let first = keys.remove(i);
+                keys.insert(0, first);
+            }
         }
-        let keys: Vec<Arc<Keys>> = order.iter().map(|l| self.keys_at(queue, *l)).collect();
         for k in &keys {
             if out.len() >= max {
                 return Ok(out);

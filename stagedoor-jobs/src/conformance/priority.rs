@@ -154,14 +154,22 @@ pub async fn priority_claims_higher_first_and_fifo_among_equals<F: Fixture>(fixt
     assert_empty_direct(&direct, q, "after the delay, the retry and the replay").await;
 }
 
-/// A low job published before a flood of high ones is not starved: one of the first
-/// [`FAIR_CLAIM_EVERY`] claims (one at a time) takes it, though the first takes a high one.
+/// Two low jobs published before a flood of high ones are not starved: the older (at the
+/// higher of the two low levels) is taken by one of the first [`FAIR_CLAIM_EVERY`] claims (one
+/// at a time), the other by one of the first two × that, though the first claim takes a high
+/// one: a fair claim takes the job that waited longest, not the lowest level's.
 pub async fn no_priority_starves_under_a_flood_of_higher_ones<F: Fixture>(fixture: F) {
     const Q: &str = "cf_priority_fair";
     let direct = connected(&fixture.broker().await).await;
     direct.prepare(Q).await.expect("prepare");
+    const OLDER: u64 = 1_000;
+    const LOWEST: u64 = 1_001;
     direct
-        .publish_job(job(Q, 0).priority(Priority::LOWEST))
+        .publish_job(job(Q, OLDER).priority(Priority::LOW))
+        .await
+        .expect("publish");
+    direct
+        .publish_job(job(Q, LOWEST).priority(Priority::LOWEST))
         .await
         .expect("publish");
     let flood = 2 * FAIR_CLAIM_EVERY;
@@ -171,21 +179,29 @@ pub async fn no_priority_starves_under_a_flood_of_higher_ones<F: Fixture>(fixtur
             .await
             .expect("publish");
     }
-    let mut low_at = None;
-    for claim in 1..=flood + 1 {
+    let (mut older_at, mut lowest_at) = (None, None);
+    for claim in 1..=flood + 2 {
         let (n, _, d) = claim_one(&direct, Q).await;
         ack(&direct, Q, &d).await;
-        if n == 0 {
-            low_at = Some(claim);
+        match n {
+            OLDER => older_at = Some(claim),
+            LOWEST => lowest_at = Some(claim),
+            _ => {}
         }
         if claim == 1 {
-            assert_ne!(n, 0, "the first claim takes a high job");
+            assert!(n <= flood, "the first claim takes a high job, not {n}");
         }
     }
-    let low_at = low_at.expect("the low job is claimed");
+    let older_at = older_at.expect("the older low job is claimed");
+    let lowest_at = lowest_at.expect("the lowest job is claimed");
     assert!(
-        low_at <= FAIR_CLAIM_EVERY,
-        "the low job is claimed within {FAIR_CLAIM_EVERY} claims, not at claim {low_at}"
+        older_at <= FAIR_CLAIM_EVERY,
+        "the older low job is claimed within {FAIR_CLAIM_EVERY} claims, not at claim {older_at}"
+    );
+    assert!(
+        lowest_at <= 2 * FAIR_CLAIM_EVERY && older_at < lowest_at,
+        "the lowest job is claimed after the older one ({older_at}), within {} claims, not at claim {lowest_at}",
+        2 * FAIR_CLAIM_EVERY
     );
     assert_empty_direct(&direct, Q, "after the flood").await;
 }
