@@ -7,6 +7,13 @@
 //! bytes are kept, and a last line says how many were omitted. Paths are made relative: to the
 //! workspace (or crate) root for the application's files, to the crate's own folder for a
 //! dependency's (`tokio-1.47.1/src/..`); no absolute path of the build machine is kept.
+//!
+//! The backtrace is only captured in the panic hook; its symbols are resolved afterwards on
+//! tokio's blocking pool while [`CatchPanic`] waits. Resolving reads the binary's debug info:
+//! from about 100 ms for a process's first panic to well over a second on a busy machine. Done in
+//! the hook, it held the handler's thread that long, and with it the delivery's task, whose lease
+//! renewals then stopped: a lease shorter than that ran out and the worker's own claim loop
+//! reclaimed the job it was still running (its next delivery, an attempt too many).
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -14,36 +21,69 @@ use std::future::Future;
 use std::panic::{AssertUnwindSafe, PanicHookInfo};
 use std::pin::Pin;
 use std::sync::Once;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use crate::outcome::{Failure, FailureCause};
 
 thread_local! {
     static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
-    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+    static LAST_PANIC: RefCell<Option<Caught>> = const { RefCell::new(None) };
+}
+
+/// A handler's panic as the hook saw it: its site, and its backtrace captured (with
+/// `RUST_BACKTRACE=1`) but not yet resolved to symbols.
+struct Caught {
+    site: Option<(String, u32, u32)>,
+    backtrace: Option<std::backtrace::Backtrace>,
+}
+
+impl Caught {
+    /// The traceback; with a backtrace this resolves its symbols, which is slow (see the module
+    /// documentation): [`CatchPanic`] calls it on the blocking pool.
+    fn traceback(self) -> String {
+        let backtrace = self.backtrace.map(|bt| bt.to_string());
+        let site = self.site.as_ref().map(|(f, l, c)| (f.as_str(), *l, *c));
+        traceback(site, backtrace.as_deref())
+    }
 }
 
 static HOOK: Once = Once::new();
 
 /// Installs (once per process) a panic hook that, for a panic inside a handler, records where it
-/// happened and keeps it off stderr (the runtime logs it with the job); every other panic goes
-/// to the previous hook unchanged.
+/// happened (the backtrace captured, not resolved: that is slow) and keeps it off stderr (the
+/// runtime logs it with the job); every other panic goes to the previous hook unchanged.
 fn install_hook() {
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info: &PanicHookInfo<'_>| {
             if IN_HANDLER.with(Cell::get) {
-                let bt = std::backtrace::Backtrace::capture();
-                let backtrace = (bt.status() == std::backtrace::BacktraceStatus::Captured)
-                    .then(|| bt.to_string());
-                let site = info.location().map(|l| (l.file(), l.line(), l.column()));
-                let traceback = traceback(site, backtrace.as_deref());
-                LAST_PANIC.with(|p| *p.borrow_mut() = Some(traceback));
+                let backtrace = capture_backtrace();
+                let site = info
+                    .location()
+                    .map(|l| (l.file().to_owned(), l.line(), l.column()));
+                LAST_PANIC.with(|p| *p.borrow_mut() = Some(Caught { site, backtrace }));
             } else {
                 previous(info);
             }
         }));
     });
+}
+
+#[cfg(test)]
+thread_local! {
+    /// A unit test's way to capture a backtrace whatever `RUST_BACKTRACE` says.
+    static FORCE_BACKTRACE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The backtrace of a panic, captured when `RUST_BACKTRACE` (or `RUST_LIB_BACKTRACE`) asks for
+/// one; its symbols are not resolved yet.
+fn capture_backtrace() -> Option<std::backtrace::Backtrace> {
+    #[cfg(test)]
+    if FORCE_BACKTRACE.with(Cell::get) {
+        return Some(std::backtrace::Backtrace::force_capture());
+    }
+    let bt = std::backtrace::Backtrace::capture();
+    (bt.status() == std::backtrace::BacktraceStatus::Captured).then_some(bt)
 }
 
 /// The most backtrace frames a panic's traceback keeps (the application's frames nearest the
@@ -260,9 +300,14 @@ fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
-/// A future that turns a panic of the inner future into `Err(Failure)`.
+/// A future that turns a panic of the inner future into `Err(Failure)`. A captured backtrace
+/// is resolved on tokio's blocking pool (inline outside a tokio runtime) while this future is
+/// pending, so that the task running it (a delivery's, which renews its lease) is not held up.
 pub(crate) struct CatchPanic<F> {
     inner: Pin<Box<F>>,
+    /// After a panic with a backtrace: its error, its site alone (should the traceback not be
+    /// made: the runtime shutting down), and the traceback being made.
+    resolving: Option<(String, String, tokio::task::JoinHandle<String>)>,
 }
 
 impl<F: Future> CatchPanic<F> {
@@ -270,6 +315,7 @@ impl<F: Future> CatchPanic<F> {
         install_hook();
         Self {
             inner: Box::pin(inner),
+            resolving: None,
         }
     }
 }
@@ -284,24 +330,42 @@ impl Drop for Flag {
 impl<F: Future> Future for CatchPanic<F> {
     type Output = Result<F::Output, Failure>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let was = IN_HANDLER.with(|c| c.replace(true));
-        let _restore = Flag(was);
-        let inner = self.inner.as_mut();
-        match std::panic::catch_unwind(AssertUnwindSafe(move || inner.poll(cx))) {
-            Ok(Poll::Pending) => Poll::Pending,
-            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
-            Err(payload) => {
-                let location = LAST_PANIC
-                    .with(|p| p.borrow_mut().take())
-                    .unwrap_or_default();
-                Poll::Ready(Err(Failure::new(
-                    FailureCause::Panic,
-                    format!("panic: {}", panic_message(&*payload)),
-                    location,
-                )))
-            }
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Unpin: the inner future is boxed, a JoinHandle is Unpin.
+        let this = self.get_mut();
+        if let Some((_, _, handle)) = &mut this.resolving {
+            let made = ready!(Pin::new(handle).poll(cx));
+            let (error, site, _) = this.resolving.take().expect("resolving");
+            let traceback = made.unwrap_or(site);
+            return Poll::Ready(Err(Failure::new(FailureCause::Panic, error, traceback)));
         }
+        let was = IN_HANDLER.with(|c| c.replace(true));
+        let restore = Flag(was);
+        let inner = this.inner.as_mut();
+        let payload = match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(v)) => return Poll::Ready(Ok(v)),
+            Err(payload) => payload,
+        };
+        drop(restore);
+        let error = format!("panic: {}", panic_message(&*payload));
+        let traceback = match LAST_PANIC.with(|p| p.borrow_mut().take()) {
+            None => String::new(),
+            Some(caught) if caught.backtrace.is_none() => caught.traceback(),
+            Some(caught) => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    let site = traceback(
+                        caught.site.as_ref().map(|(f, l, c)| (f.as_str(), *l, *c)),
+                        None,
+                    );
+                    let made = rt.spawn_blocking(move || caught.traceback());
+                    this.resolving = Some((error, site, made));
+                    return Pin::new(this).poll(cx);
+                }
+                Err(_) => caught.traceback(),
+            },
+        };
+        Poll::Ready(Err(Failure::new(FailureCause::Panic, error, traceback)))
     }
 }
 
@@ -331,6 +395,39 @@ mod tests {
         assert!(
             err.traceback.contains(&format!("panic.rs:{line}")),
             "{}",
+            err.traceback
+        );
+    }
+
+    /// A captured backtrace is resolved to symbols off the task that polls the handler (which
+    /// renews the delivery's lease meanwhile): the first poll after the panic is pending, and the
+    /// traceback still has the site and the frames.
+    #[tokio::test]
+    async fn a_backtrace_is_resolved_without_holding_the_polling_task() {
+        FORCE_BACKTRACE.with(|f| f.set(true));
+        let line = line!() + 2;
+        let mut fut = CatchPanic::new(async {
+            panic!("the seat map has no row C");
+        });
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let first = Pin::new(&mut fut).poll(&mut cx);
+        FORCE_BACKTRACE.with(|f| f.set(false));
+        assert!(
+            first.is_pending(),
+            "the backtrace's symbols are resolved off the polling task"
+        );
+        let err = fut.await.expect_err("the panic is caught");
+        assert_eq!(err.cause, FailureCause::Panic);
+        assert!(err.error.contains("no row C"), "{}", err.error);
+        assert!(
+            err.traceback.starts_with("panicked at ")
+                && err.traceback.contains(&format!("panic.rs:{line}")),
+            "{}",
+            err.traceback
+        );
+        assert!(
+            err.traceback.lines().count() > 1,
+            "the backtrace's frames: {}",
             err.traceback
         );
     }
