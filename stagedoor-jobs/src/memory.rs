@@ -160,7 +160,7 @@ impl MemoryBroker {
             .collect();
         if !fair {
             // A stable sort: due order stays among equals.
-            due.sort_by(|a, b| b.0.cmp(&a.0));
+            due.sort_by_key(|d| std::cmp::Reverse(d.0));
         }
         let mut out = Vec::new();
         for (_, key) in due.into_iter().take(max) {
