@@ -6,9 +6,9 @@
 //! - a dead letter stores and reports the attempts it spent, in a dead-letter group and in a
 //!   dead-letter table, and a subscriber of the dead letter sees that number;
 //! - a row that cannot be read (a `retry_after` that is not a timestamp, an infinite Postgres
-//!   timestamp, a NULL payload) is dead-lettered alone, with an error naming the column, its
-//!   value and the fix, while every other row of the claim runs; stats, listings and the CLI
-//!   keep working with it in the table.
+//!   timestamp, a NULL payload, a priority outside -2..=2) is dead-lettered alone, with an
+//!   error naming the column, its value and the fix, while every other row of the claim runs;
+//!   stats, listings and the CLI keep working with it in the table.
 //!
 //! Postgres reads `DATABASE_URL` (run under `scripts/test-all`); there a missing URL is
 //! a failure; a plain `cargo test` without it lists the test as ignored.
@@ -56,7 +56,7 @@ impl Inbox for Jobs {
         enqueued_at: None,
         last_error: Some(col("last_error", false, ColumnType::Text)),
         headers: Some(col("headers", false, ColumnType::Text)),
-        priority: None,
+        priority: Some(col("priority", false, ColumnType::Integer)),
         columns: &[
             "id",
             "queue",
@@ -66,6 +66,7 @@ impl Inbox for Jobs {
             "payload",
             "last_error",
             "headers",
+            "priority",
         ],
     };
 }
@@ -73,8 +74,10 @@ impl Inbox for Jobs {
 /// `{attempt}`: the attempt column's type.
 const JOBS_DDL: &str = "
 CREATE TABLE bad_jobs (id {id}, queue TEXT NOT NULL, attempt {attempt} NOT NULL DEFAULT 1,
-    retry_after {time} NOT NULL, locked_until {time}, payload {bytes}, last_error TEXT, headers TEXT);
-CREATE INDEX bad_jobs_due ON bad_jobs (queue, retry_after, id);";
+    retry_after {time} NOT NULL, locked_until {time}, payload {bytes}, last_error TEXT, headers TEXT,
+    priority SMALLINT NOT NULL DEFAULT 0);
+CREATE INDEX bad_jobs_due ON bad_jobs (queue, retry_after, id);
+CREATE INDEX bad_jobs_priority ON bad_jobs (queue, priority DESC, retry_after, id);";
 
 fn jobs_ddl<D: Db>(attempt: &str) -> String {
     ddl::<D>(JOBS_DDL).replace("{attempt}", attempt)
@@ -227,6 +230,7 @@ on_both!(
     a_group_dead_letter_stores_the_attempts_it_spent,
     a_table_dead_letter_stores_the_attempts_it_spent,
     a_null_payload_row_is_dead_lettered_alone,
+    a_priority_out_of_range_row_is_dead_lettered_alone,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -705,6 +709,35 @@ async fn a_null_payload_row_is_dead_lettered_alone<D: Db>() {
         "NULL",
     )
     .await;
+}
+
+/// A row whose priority (edited by hand) is 7, outside -2..=2: neither clamped to 2 nor run,
+/// but dead-lettered alone with the range in its error (the claim by priority takes it first).
+async fn a_priority_out_of_range_row_is_dead_lettered_alone<D: Db>() {
+    let db = D::fresh("prio7", &jobs_ddl::<D>("INTEGER")).await;
+    let error = dead_lettered_alone(
+        &db,
+        "UPDATE bad_jobs SET priority = 7 WHERE id = {bad}",
+        "priority",
+        "7",
+    )
+    .await;
+    assert!(error.contains("from -2 to 2"), "the range: {error}");
+}
+
+/// SQLite (a column holds any value): a row whose priority is the text `'high'`, which is not
+/// read as the number it does not start with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_text_priority_row_is_dead_lettered_alone() {
+    let db = Lite::fresh("priotext", &jobs_ddl::<Lite>("INTEGER")).await;
+    let error = dead_lettered_alone(
+        &db,
+        "UPDATE bad_jobs SET priority = 'high' WHERE id = {bad}",
+        "priority",
+        "'high'",
+    )
+    .await;
+    assert!(error.contains("from -2 to 2"), "the range: {error}");
 }
 
 // ---------------------------------------------------------------------------------------------

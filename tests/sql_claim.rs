@@ -18,7 +18,7 @@ use sqlx::Connection as _;
 use stagedoor_jobs::broker::Inspect;
 use stagedoor_jobs::inbox::{Column, ColumnType, Table};
 use stagedoor_jobs::prelude::*;
-use stagedoor_jobs::{Broker, Inbox};
+use stagedoor_jobs::{Broker, Inbox, Priority};
 use stagedoor_jobs_sqlx::SqlxBroker;
 
 const fn col(name: &'static str, generated: bool, ty: ColumnType) -> Column {
@@ -427,4 +427,204 @@ async fn postgres_pinned_xmin_drains_every_job_exactly_once() {
         .execute(&mut pin)
         .await
         .expect("unpin");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Priorities: the claim by priority (the highest level first) and the fair claim (every
+// FAIR_CLAIM_EVERY-th, in due order alone) under the same plans, and the floor with them.
+// ---------------------------------------------------------------------------------------------
+
+/// The issue's table with a priority column, and the index the claim by priority reads.
+struct PJobs;
+impl Inbox for PJobs {
+    const TABLE: Table = Table {
+        name: "pjobs",
+        priority: Some(col("priority", false, ColumnType::Integer)),
+        columns: &[
+            "id",
+            "queue",
+            "attempt",
+            "retry_after",
+            "locked_until",
+            "payload",
+            "priority",
+        ],
+        ..<Jobs as Inbox>::TABLE
+    };
+}
+
+const PG_PJOBS: &str = "CREATE TABLE pjobs (id BIGSERIAL PRIMARY KEY, queue TEXT NOT NULL, attempt SMALLINT NOT NULL DEFAULT 1,
+  retry_after TIMESTAMPTZ NOT NULL DEFAULT now(), locked_until TIMESTAMPTZ, payload BYTEA NOT NULL,
+  priority SMALLINT NOT NULL DEFAULT 0);
+CREATE INDEX pjobs_due ON pjobs (queue, retry_after, id);
+CREATE INDEX pjobs_priority ON pjobs (queue, priority DESC, retry_after, id);";
+
+/// `pjobs` worked off as `jobs` is by [`worked_off`] (the one row left is normal and the
+/// oldest), then 10 low rows and, after them, 90 high ones: 101 rows are due.
+async fn worked_off_by_priority(db: &Pg) {
+    db.run(format!("DROP TABLE IF EXISTS pjobs; {PG_PJOBS}"))
+        .await;
+    db.run("INSERT INTO pjobs (queue, payload) SELECT 'q', '\\x00' FROM generate_series(1, 5000); DELETE FROM pjobs WHERE id < 5000".to_owned()).await;
+    db.run("VACUUM ANALYZE pjobs".to_owned()).await;
+    db.run("INSERT INTO pjobs (queue, payload, priority) SELECT 'q', '\\x00', -1 FROM generate_series(1, 10)".to_owned())
+        .await;
+    db.run("INSERT INTO pjobs (queue, payload, priority) SELECT 'q', '\\x00', 2 FROM generate_series(1, 90)".to_owned())
+        .await;
+}
+
+/// Under every planner setting: claims for 10 lease exactly 10 rows each, the first seven the
+/// highest level; the eighth (the fair one, in due order) the oldest rows, the normal and the
+/// low ones though high ones wait; the ninth, bounded by the floor the eighth set, high ones
+/// again.
+#[cfg_attr(
+    not(stagedoor_postgres),
+    ignore = "needs Postgres: run scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_priority_claims_lease_exactly_what_they_asked_for_under_any_plan() {
+    assert_eq!(stagedoor_jobs::FAIR_CLAIM_EVERY, 8, "the test counts to 8");
+    let db = Pg::fresh("prioclaim", "").await;
+    for settings in PLANS {
+        worked_off_by_priority(&db).await;
+        let route = broker_with(&db, settings).route::<PJobs>("q");
+        route.connect().await.expect("connect");
+        for claim in 1..=9 {
+            let got = route
+                .claim("q", 10, Duration::ZERO)
+                .await
+                .unwrap_or_else(|e| panic!("claim {claim} under `{settings}`: {e}"));
+            let leased = count(
+                &db,
+                "SELECT count(*) FROM pjobs WHERE locked_until IS NOT NULL",
+            )
+            .await;
+            let counted = count(&db, "SELECT count(*) FROM pjobs WHERE attempt > 1").await;
+            assert_eq!(
+                got.len(),
+                10,
+                "deliveries of claim {claim} under `{settings}`"
+            );
+            assert_eq!(
+                leased,
+                10 * claim,
+                "rows leased by claim {claim} under `{settings}`"
+            );
+            assert_eq!(
+                counted,
+                10 * claim,
+                "attempts spent by claim {claim} under `{settings}`"
+            );
+            let levels: HashSet<Priority> = got.iter().map(|d| d.envelope.priority()).collect();
+            let want: HashSet<Priority> = if claim == 8 {
+                [Priority::NORMAL, Priority::LOW].into()
+            } else {
+                [Priority::HIGHEST].into()
+            };
+            assert_eq!(
+                levels, want,
+                "the levels of claim {claim} under `{settings}`"
+            );
+        }
+    }
+}
+
+/// A high row due before the floor (committed late, or edited by hand) is left by the bounded
+/// claims by priority and taken by the next full claim, at its level.
+#[cfg_attr(
+    not(stagedoor_postgres),
+    ignore = "needs Postgres: run scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_row_below_the_floor_is_claimed_by_a_full_claim_by_priority() {
+    let db = Pg::fresh("priofloor", PG_PJOBS).await;
+    let route = broker_with(&db, "").route::<PJobs>("q");
+    route.connect().await.expect("connect");
+    let job = |i: u64| Job::new("q", &serde_json::json!({ "i": i })).expect("job");
+    for i in 0..20u64 {
+        route.publish(job(i)).await.expect("publish");
+    }
+    // A full claim that takes every row it can: the floor is now a little below the earliest.
+    let first = route.claim("q", 100, Duration::ZERO).await.expect("claim");
+    assert_eq!(first.len(), 20);
+    db.run("INSERT INTO pjobs (queue, payload, retry_after, priority) VALUES ('q', '\\x01', now() - interval '1 hour', 2)".to_owned())
+        .await;
+    let old: i64 = count(&db, "SELECT max(id) FROM pjobs").await;
+    for i in 20..25u64 {
+        route.publish(job(i)).await.expect("publish");
+    }
+
+    let second = route.claim("q", 100, Duration::ZERO).await.expect("claim");
+    let ids: HashSet<String> = second.iter().map(|d| d.envelope.id().to_string()).collect();
+    assert_eq!(
+        second.len(),
+        5,
+        "the bounded claim by priority takes the five new rows, not the high one below its floor: {ids:?}"
+    );
+    assert!(!ids.contains(&old.to_string()));
+
+    let started = Instant::now();
+    let mut found = None;
+    while started.elapsed() < Duration::from_secs(5) && found.is_none() {
+        let got = route
+            .claim("q", 100, Duration::from_millis(100))
+            .await
+            .expect("claim");
+        found = got
+            .into_iter()
+            .find(|d| d.envelope.id().to_string() == old.to_string());
+    }
+    let found = found.expect("the row below the floor was claimed by a full claim");
+    assert_eq!(found.envelope.priority(), Priority::HIGHEST);
+}
+
+/// A claim by priority that took as many rows as it asked for may leave older rows of lower
+/// levels behind: it must not lift the floor over them, or the bounded claims after it would
+/// take newer rows of those levels first (and leave the older to the next full claim).
+#[cfg_attr(
+    not(stagedoor_postgres),
+    ignore = "needs Postgres: run scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_claim_by_priority_never_lifts_the_floor_over_older_lower_rows() {
+    let db = Pg::fresh("priofloor_kept", PG_PJOBS).await;
+    let route = broker_with(&db, "").route::<PJobs>("q");
+    route.connect().await.expect("connect");
+    let job = |i: u64, p: Priority| {
+        Job::new("q", &serde_json::json!({ "i": i }))
+            .expect("job")
+            .priority(p)
+    };
+    for i in 0..5u64 {
+        route.publish(job(i, Priority::LOW)).await.expect("publish");
+    }
+    // Well over the floor's slack later: ten high rows, then five newer low ones.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    for i in 5..15u64 {
+        route
+            .publish(job(i, Priority::HIGH))
+            .await
+            .expect("publish");
+    }
+    for i in 15..20u64 {
+        route.publish(job(i, Priority::LOW)).await.expect("publish");
+    }
+    let started = Instant::now();
+    let high = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    assert!(high.iter().all(|d| d.envelope.priority() == Priority::HIGH));
+    assert_eq!(high.len(), 10);
+    let low = route.claim("q", 5, Duration::ZERO).await.expect("claim");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "the claims ran within a second (took {:?}): the test shows nothing otherwise",
+        started.elapsed()
+    );
+    let mut got: Vec<u64> = low
+        .iter()
+        .map(|d| {
+            let v: serde_json::Value = serde_json::from_slice(d.envelope.payload()).expect("json");
+            v["i"].as_u64().expect("i")
+        })
+        .collect();
+    got.sort_unstable();
+    assert_eq!(got, [0, 1, 2, 3, 4], "the older low rows first");
 }

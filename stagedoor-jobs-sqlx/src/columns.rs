@@ -127,6 +127,7 @@ pub(crate) fn compare(
         ("enqueued_at", table.enqueued_at),
         ("last_error", table.last_error),
         ("headers", table.headers),
+        ("priority", table.priority),
     ]
     .into_iter()
     .filter_map(|(role, c)| c.map(|column| Role { role, column }))

@@ -67,6 +67,9 @@ struct RouteInner {
     origins: Mutex<HashMap<String, String>>,
     /// Where each queue's bounded claims start (Postgres).
     floors: Floors,
+    /// Per queue, the claims by this route that took rows (a table with a priority column):
+    /// every [`FAIR_CLAIM_EVERY`](stagedoor_jobs::FAIR_CLAIM_EVERY)-th is made in due order.
+    taken: Mutex<HashMap<String, u64>>,
 }
 
 /// One job table of a [`SqlxBroker`]: mount subscribers on it, publish into it.
@@ -141,6 +144,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 dead_tables: Mutex::new(HashMap::new()),
                 origins: Mutex::new(HashMap::new()),
                 floors: Floors::default(),
+                taken: Mutex::new(HashMap::new()),
             }),
             _row: PhantomData,
         }
@@ -236,6 +240,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             .with_id(JobId::from_string(id))
             .with_attempt(attempt_number(r.attempt, 1))
             .with_headers(doc.headers())
+            .with_priority(r.priority)
     }
 
     fn dead_letter_of(&self, dead: &str, r: &RowRead) -> DeadLetter {

@@ -3,9 +3,9 @@
 //! be read is described.
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::BrokerError;
 use stagedoor_jobs::broker::MAX_ATTEMPT;
 use stagedoor_jobs::inbox::{ColumnType, Table};
+use stagedoor_jobs::{BrokerError, Priority};
 
 use crate::dialect::db_err;
 use crate::dialect::sealed::{Driver, Value};
@@ -34,9 +34,12 @@ pub(crate) struct Vals {
     pub(crate) floor: Option<DateTime<Utc>>,
     /// The attempts a dead letter has spent.
     pub(crate) attempt: i64,
+    /// The job's priority level ([`P::Priority`]); 0 (normal) unless set.
+    pub(crate) priority: i64,
 }
 
-/// One row as read back: id, attempt, payload, lease, due, last error, headers, enqueued at.
+/// One row as read back: id, attempt, payload, lease, due, last error, headers, enqueued at,
+/// priority.
 ///
 /// Read column by column: a value that does not decode (a text that is not a timestamp, a NULL
 /// payload, an infinite Postgres timestamp) leaves its field empty and is described in
@@ -51,6 +54,8 @@ pub(crate) struct RowRead {
     pub(crate) last_error: Option<String>,
     pub(crate) headers: Option<String>,
     pub(crate) enqueued_at: Option<DateTime<Utc>>,
+    /// The job's priority: normal for a table without the column and for a NULL there.
+    pub(crate) priority: Priority,
     /// What could not be read: each column, the value found and the fix.
     pub(crate) problem: Option<String>,
 }
@@ -96,6 +101,7 @@ fn value(p: P, v: &Vals, table: &Table) -> Value {
         P::JobId => Value::Text(v.job_id.clone()),
         P::Floor => Value::Time(v.floor),
         P::Attempt => Value::Int(Some(v.attempt)),
+        P::Priority => Value::Int(Some(v.priority)),
     }
 }
 
@@ -209,6 +215,27 @@ pub(crate) fn read<DB: Driver>(row: &DB::Row, table: &Table) -> RowRead {
         problems.push(unreadable(table, col, &shown::<DB>(row, 6), Role::Text));
         None
     });
+    // A level outside -2..=2 (a row edited by hand) is no priority: named as a problem (the row
+    // is dead-lettered alone), never clamped to the nearest level.
+    let priority = match table.priority {
+        None => Priority::NORMAL,
+        Some(c) => match DB::int(row, 8) {
+            Ok(None) => Priority::NORMAL,
+            Ok(Some(v)) => Priority::try_from(v).unwrap_or_else(|_| {
+                problems.push(unreadable(table, c.name, &v.to_string(), Role::Priority));
+                Priority::NORMAL
+            }),
+            Err(_) => {
+                problems.push(unreadable(
+                    table,
+                    c.name,
+                    &shown::<DB>(row, 8),
+                    Role::Priority,
+                ));
+                Priority::NORMAL
+            }
+        },
+    };
     RowRead {
         id,
         attempt,
@@ -218,6 +245,7 @@ pub(crate) fn read<DB: Driver>(row: &DB::Row, table: &Table) -> RowRead {
         last_error,
         headers,
         enqueued_at,
+        priority,
         problem: (!problems.is_empty()).then(|| problems.join("; ")),
     }
 }
@@ -277,6 +305,10 @@ pub(crate) fn unreadable(table: &Table, column: &str, value: &str, role: Role) -
             "set it to NULL or to the text stagedoor-jobs wrote".to_owned(),
         ),
         Role::Id => ("an id", "give the row an id".to_owned()),
+        Role::Priority => (
+            "a priority (a whole number from -2 to 2)",
+            "set it to a level from -2 (lowest) to 2 (highest), 0 for normal".to_owned(),
+        ),
     };
     format!(
         "column `{column}` of table `{}` holds {value}, which is not {expected}: {fix}",
@@ -291,6 +323,7 @@ pub(crate) enum Role {
     Payload,
     Text,
     Id,
+    Priority,
 }
 
 #[cfg(test)]

@@ -67,6 +67,8 @@ pub(crate) enum P {
     Floor,
     /// The attempts a dead letter has spent.
     Attempt,
+    /// The job's priority level (`-2..=2`), bound as a `BIGINT`.
+    Priority,
 }
 
 /// One statement and the values it binds, in order.
@@ -130,6 +132,9 @@ struct Names {
     locked: String,
     group: Option<String>,
     due: Option<String>,
+    /// The priority column; `None` for a table without one and for a FIFO table (refused by
+    /// [`validate`]).
+    priority: Option<String>,
 }
 
 impl Names {
@@ -143,6 +148,7 @@ impl Names {
             locked: q(table.locked_until.map_or("locked_until", |c| c.name)),
             group: col(table.group),
             due: col(table.retry_after),
+            priority: col(table.priority.filter(|_| !table.fifo)),
         }
     }
 
@@ -158,8 +164,20 @@ impl Names {
             col(self.table.last_error).unwrap_or_else(null),
             col(self.table.headers).unwrap_or_else(null),
             col(self.table.enqueued_at).unwrap_or_else(null),
+            self.priority_read().unwrap_or_else(null),
         ]
         .join(", ")
+    }
+
+    /// The priority as read: a `BIGINT` on Postgres (whatever integer type the column has);
+    /// as stored on SQLite, where a column holds any value, so that a text there is read as
+    /// what it is (a problem), not cast to the number it starts with.
+    fn priority_read(&self) -> Option<String> {
+        let p = self.priority.as_ref()?;
+        Some(match self.flavor {
+            Flavor::Postgres => format!("CAST({p} AS BIGINT)"),
+            Flavor::Sqlite => p.clone(),
+        })
     }
 
     /// The stored attempt count as read (1 for a table without the column).
@@ -188,7 +206,8 @@ impl Names {
 }
 
 /// The statements of a table. Reads return, in this order: id (text), attempt (bigint), payload,
-/// locked_until, retry_after, last_error, headers, enqueued_at (missing roles read as NULL).
+/// locked_until, retry_after, last_error, headers, enqueued_at, priority (missing roles read as
+/// NULL).
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub(crate) table: Table,
@@ -200,6 +219,13 @@ pub(crate) struct Statements {
     /// deleted and per updated row, and an unbounded claim visits each of them, every time.
     /// Empty for a table without a `retry_after` column and for FIFO tables.
     pub(crate) claim_from: Stmt,
+    /// The claim by priority: the highest level first, in due order among equals. Empty for a
+    /// table without a priority column, whose claims are [`Statements::claim`]'s (due order);
+    /// with one, every [`FAIR_CLAIM_EVERY`](stagedoor_jobs::FAIR_CLAIM_EVERY)-th claim of a
+    /// queue is [`Statements::claim`]'s, so that no level starves.
+    pub(crate) claim_prio: Stmt,
+    /// [`Statements::claim_prio`] bounded below by a due time, as [`Statements::claim_from`].
+    pub(crate) claim_prio_from: Stmt,
     /// SQLite only (a table with `retry_after`): claims the rows whose `retry_after` sorts after
     /// every timestamp (a text such as `'soon'`, a blob), which the claim would never reach, so
     /// that they are read, found unreadable and dead-lettered alone. Run when a claim came back
@@ -258,6 +284,7 @@ pub(crate) fn validate(table: &Table) -> Vec<String> {
         table.enqueued_at,
         table.last_error,
         table.headers,
+        table.priority,
     ];
     let names = table
         .schema
@@ -279,6 +306,12 @@ pub(crate) fn validate(table: &Table) -> Vec<String> {
             table.name
         ));
     }
+    if let (true, Some(p)) = (table.fifo, table.priority) {
+        problems.push(format!(
+            "table `{}` is FIFO (`#[field(group, fifo)]`: one job of a group at a time, in publish order) and has a priority column `{}`, which would reorder them: drop `#[field(priority)]` from it, or drop `fifo` from its group",
+            table.name, p.name
+        ));
+    }
     problems
 }
 
@@ -289,6 +322,8 @@ impl Statements {
         let claim::Claims {
             claim,
             claim_from,
+            claim_prio,
+            claim_prio_from,
             claim_strays,
             next_due,
             next_due_from,
@@ -324,6 +359,8 @@ impl Statements {
             qualified: n.t,
             claim,
             claim_from,
+            claim_prio,
+            claim_prio_from,
             claim_strays,
             next_due_from,
             renew,

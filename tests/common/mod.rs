@@ -4,7 +4,7 @@
 use stagedoor_jobs::inbox::{Column, ColumnType, Table};
 
 /// The conformance suite's job table: a text id (so a job id published twice is recognised),
-/// a group, every optional role.
+/// a group, every optional role (a priority among them).
 pub(crate) struct ConfRow;
 
 impl stagedoor_jobs::Inbox for ConfRow {
@@ -57,7 +57,11 @@ impl stagedoor_jobs::Inbox for ConfRow {
             generated: false,
             ty: ColumnType::Text,
         }),
-        priority: None,
+        priority: Some(Column {
+            name: "priority",
+            generated: false,
+            ty: ColumnType::Integer,
+        }),
         columns: &[
             "id",
             "queue",
@@ -68,6 +72,7 @@ impl stagedoor_jobs::Inbox for ConfRow {
             "enqueued_at",
             "last_error",
             "headers",
+            "priority",
         ],
     };
 }
@@ -81,9 +86,11 @@ pub(crate) const SQLITE_CONF_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS conf_job
     payload BLOB NOT NULL,
     enqueued_at TEXT NOT NULL,
     last_error TEXT,
-    headers TEXT
+    headers TEXT,
+    priority SMALLINT NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS conf_jobs_due ON conf_jobs (queue, retry_after, id);";
+CREATE INDEX IF NOT EXISTS conf_jobs_due ON conf_jobs (queue, retry_after, id);
+CREATE INDEX IF NOT EXISTS conf_jobs_priority ON conf_jobs (queue, priority DESC, retry_after, id);";
 
 pub(crate) const PG_CONF_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS conf_jobs (
     id TEXT PRIMARY KEY,
@@ -94,9 +101,11 @@ pub(crate) const PG_CONF_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS conf_jobs (
     payload BYTEA NOT NULL,
     enqueued_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     last_error TEXT,
-    headers TEXT
+    headers TEXT,
+    priority SMALLINT NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS conf_jobs_due ON conf_jobs (queue, retry_after, id);";
+CREATE INDEX IF NOT EXISTS conf_jobs_due ON conf_jobs (queue, retry_after, id);
+CREATE INDEX IF NOT EXISTS conf_jobs_priority ON conf_jobs (queue, priority DESC, retry_after, id);";
 
 /// A fresh SQLite database file in the temp folder, its URL.
 pub(crate) fn fresh_sqlite_url(tag: &str) -> String {

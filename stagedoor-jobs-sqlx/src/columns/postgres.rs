@@ -38,6 +38,10 @@ pub(super) fn problem(t: &str, r: &Role, f: &Found) -> Option<String> {
                             )
                         }
                     )
+                } else if r.role == "priority" {
+                    format!(
+                        "{head}, expected `smallint`, `integer` or `bigint`: the claim orders by the level, an integer from -2 to 2; ALTER TABLE {t} ALTER COLUMN {c} TYPE SMALLINT USING CAST({c} AS SMALLINT)"
+                    )
                 } else {
                     format!(
                         "{head}, expected `smallint`, `integer` or `bigint`: the attempt counter is incremented and compared as an integer; ALTER TABLE {t} ALTER COLUMN {c} TYPE INTEGER USING CAST({c} AS INTEGER)"

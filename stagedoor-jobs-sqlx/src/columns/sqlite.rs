@@ -90,9 +90,20 @@ pub(super) fn problem(r: &Role, f: &Found, layout: &Layout) -> Option<String> {
         }
         ColumnType::Integer => {
             if affinity == Affinity::Text {
+                let (what, decl) = if r.role == "priority" {
+                    (
+                        "the claim would order the levels as text ('-1' > '-2' > '0')",
+                        "SMALLINT NOT NULL DEFAULT 0",
+                    )
+                } else {
+                    (
+                        "the attempt counter would misorder",
+                        "INTEGER NOT NULL DEFAULT 1",
+                    )
+                };
                 return Some(format!(
-                    "{head}, expected `INTEGER`: SQLite compares the values of a TEXT column as text ('10' < '9'), so the attempt counter would misorder; {}",
-                    recreate("INTEGER NOT NULL DEFAULT 1")
+                    "{head}, expected `INTEGER`: SQLite compares the values of a TEXT column as text ('10' < '9'), so {what}; {}",
+                    recreate(decl)
                 ));
             }
             if r.column.generated && !f.has_default {

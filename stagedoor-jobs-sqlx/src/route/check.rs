@@ -49,8 +49,9 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         }));
         // Every statement this route will run, prepared against the table now: a
         // missing or misspelt column stops the service with its name.
-        let named: [(&str, &Stmt); 12] = [
+        let named: [(&str, &Stmt); 13] = [
             ("claim", &stmts.claim),
+            ("claim by priority", &stmts.claim_prio),
             ("renew", &stmts.renew),
             ("ack", &stmts.delete_fenced),
             ("retry", &stmts.retry),

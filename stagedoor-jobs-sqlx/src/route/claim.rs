@@ -1,5 +1,6 @@
-//! Claiming rows: the claim statement (bounded by the queue's floor on Postgres, serialised
-//! per group for FIFO tables), waiting when nothing is due (until a wake-up, the next due time
+//! Claiming rows: the claim statement (the highest priority first on a table with a priority
+//! column, in due order every `FAIR_CLAIM_EVERY`-th claim; bounded by the queue's floor on
+//! Postgres; serialised per group for FIFO tables), waiting when nothing is due (until a wake-up, the next due time
 //! or the poll interval), dead-lettering rows that cannot be read, and renewing a delivery's
 //! lease (its heartbeat).
 
@@ -53,6 +54,9 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             if !quiet {
                 let now = self.broker.now();
                 let lease = now + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
+                // A table with a priority column claims the highest level first, except every
+                // FAIR_CLAIM_EVERY-th claim, in due order alone (no level starves).
+                let by_priority = !Statements::lacks(&stmts.claim_prio) && !self.fair_turn(queue);
                 let plan = if Statements::lacks(&stmts.claim_from) {
                     Plan::Full
                 } else {
@@ -89,21 +93,35 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                         .map(|r| read::<DB>(r, &stmts.table))
                         .collect::<Vec<_>>()
                 } else {
-                    let stmt = match plan {
-                        Plan::From(_) => &stmts.claim_from,
-                        Plan::Full => &stmts.claim,
+                    let stmt = match (plan, by_priority) {
+                        (Plan::From(_), false) => &stmts.claim_from,
+                        (Plan::Full, false) => &stmts.claim,
+                        (Plan::From(_), true) => &stmts.claim_prio_from,
+                        (Plan::Full, true) => &stmts.claim_prio,
                     };
                     self.fetch(&stmts, stmt, &v).await?
                 };
+                if !rows.is_empty() && !Statements::lacks(&stmts.claim_prio) {
+                    self.count_taken(queue);
+                }
                 if !Statements::lacks(&stmts.claim_from) {
                     let earliest = rows.iter().filter_map(|r| r.due).min();
+                    // A claim by priority may leave rows of lower levels due earlier than any
+                    // it took: the floor moves only after one that took every row it could
+                    // reach (fewer than it asked for), as after a claim in due order. The
+                    // others leave it where it is; the claims in due order (every
+                    // FAIR_CLAIM_EVERY-th) and the full ones keep it up to date.
+                    let moves = !by_priority || rows.len() < max;
                     match plan {
-                        Plan::Full => {
+                        Plan::Full if moves => {
                             self.inner
                                 .floors
                                 .after_full(queue, earliest, now, started.elapsed())
                         }
-                        Plan::From(_) => self.inner.floors.after_bounded(queue, earliest, now),
+                        Plan::From(_) if moves => {
+                            self.inner.floors.after_bounded(queue, earliest, now)
+                        }
+                        _ => {}
                     }
                 }
                 // Nothing due: on SQLite, look for rows whose `retry_after` is no timestamp
@@ -283,6 +301,34 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 tracing::error!(queue, row = %r.id, error = %e, "could not move an unreadable row to its dead letter: it is claimed again after its lease")
             }
         }
+    }
+
+    /// Whether the next claim of `queue` is its fair one (a table with a priority column): the
+    /// [`FAIR_CLAIM_EVERY`](stagedoor_jobs::FAIR_CLAIM_EVERY)-th, 2×..-th claim of this route
+    /// that takes rows is made in due order alone, the jobs that waited longest first. Claims
+    /// that find nothing are not counted: a fair claim that finds nothing is tried again by
+    /// the next claim.
+    fn fair_turn(&self, queue: &str) -> bool {
+        let taken = self
+            .inner
+            .taken
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(queue)
+            .copied()
+            .unwrap_or(0);
+        (taken + 1) % stagedoor_jobs::FAIR_CLAIM_EVERY == 0
+    }
+
+    /// A claim of `queue` took rows (see [`fair_turn`](Self::fair_turn)).
+    fn count_taken(&self, queue: &str) {
+        let mut taken = self
+            .inner
+            .taken
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = taken.entry(queue.to_owned()).or_default();
+        *n = n.wrapping_add(1);
     }
 
     /// When the next row of `queue` becomes claimable; above the floor only when the

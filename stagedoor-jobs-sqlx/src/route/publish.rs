@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::broker::{BrokerError, Published};
 use stagedoor_jobs::inbox::ColumnType;
-use stagedoor_jobs::{Envelope, Inbox, Job};
+use stagedoor_jobs::{Envelope, Inbox, Job, Priority};
 
 use super::{BACKDATE, SqlxRoute, fetch_in};
 use crate::dialect::{Dialect, acquire, db_err};
@@ -39,6 +39,16 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 t.name, self.default_group
             )));
         }
+        // Without a priority column, the claim cannot order by one: a job that asks for a level
+        // is refused rather than run as a normal one (a batch is checked whole before any
+        // insert, so nothing of it is stored).
+        if t.priority.is_none() && envelope.priority() != Priority::NORMAL {
+            return Err(BrokerError::Backend(format!(
+                "table `{}` has no priority column to keep the job's priority {}: add a `priority SMALLINT NOT NULL DEFAULT 0` column and a `#[field(priority)] priority: i16` field, or publish at normal priority",
+                t.name,
+                envelope.priority()
+            )));
+        }
         let h = envelope.headers();
         let doc = HeaderDoc {
             kind: (envelope.kind() != queue).then(|| envelope.kind().to_owned()),
@@ -61,6 +71,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             enqueued_at: Some(envelope.enqueued_at()),
             headers: Some(doc.to_json()),
             job_id: Some(envelope.id().to_string()),
+            priority: i64::from(envelope.priority().get()),
             ..Vals::default()
         })
     }

@@ -35,6 +35,8 @@ fn next_of(a: &str, flavor: Flavor) -> String {
 pub(super) struct Claims {
     pub(super) claim: Stmt,
     pub(super) claim_from: Stmt,
+    pub(super) claim_prio: Stmt,
+    pub(super) claim_prio_from: Stmt,
     pub(super) claim_strays: Stmt,
     pub(super) next_due: Stmt,
     pub(super) next_due_from: Stmt,
@@ -43,15 +45,26 @@ pub(super) struct Claims {
 
 pub(super) fn build(n: &Names) -> Claims {
     let (t, locked, due) = (&n.t, &n.locked, &n.due);
-    let claim = build_claim(n, false, false);
+    let claim = build_claim(n, false, false, false);
     let bounded = n.flavor == Flavor::Postgres && due.is_some() && !n.table.fifo;
     let claim_from = if bounded {
-        build_claim(n, true, false)
+        build_claim(n, true, false, false)
+    } else {
+        Stmt::default()
+    };
+    let prio = n.priority.is_some();
+    let claim_prio = if prio {
+        build_claim(n, false, false, true)
+    } else {
+        Stmt::default()
+    };
+    let claim_prio_from = if prio && bounded {
+        build_claim(n, true, false, true)
     } else {
         Stmt::default()
     };
     let claim_strays = if n.flavor == Flavor::Sqlite && due.is_some() {
-        build_claim(n, false, true)
+        build_claim(n, false, true, false)
     } else {
         Stmt::default()
     };
@@ -88,6 +101,8 @@ pub(super) fn build(n: &Names) -> Claims {
     Claims {
         claim,
         claim_from,
+        claim_prio,
+        claim_prio_from,
         claim_strays,
         next_due,
         next_due_from,
@@ -107,8 +122,9 @@ pub(super) fn build(n: &Names) -> Claims {
 /// after ANALYZE). SQLite has one writer and computes the CTE once, before the update.
 ///
 /// `floor`: bounded below by a due time ([`P::Floor`]); `strays`: the rows whose due time is no
-/// timestamp (SQLite).
-fn build_claim(n: &Names, floor: bool, strays: bool) -> Stmt {
+/// timestamp (SQLite); `prio`: the highest priority first (`{priority} DESC, {due}, {id}`, which
+/// an index on `(group, priority DESC, due, id)` serves), else in due order alone.
+fn build_claim(n: &Names, floor: bool, strays: bool, prio: bool) -> Stmt {
     let (t, id, locked, group, due) = (&n.t, &n.id, &n.locked, &n.group, &n.due);
     let (table, flavor) = (&n.table, n.flavor);
     let mut claim = Stmt::default();
@@ -150,6 +166,10 @@ fn build_claim(n: &Names, floor: bool, strays: bool) -> Stmt {
         claim.p(P::Limit)
     };
     let order = due.as_ref().map_or(id.clone(), |d| format!("{d}, {id}"));
+    let order = match (&n.priority, prio) {
+        (Some(p), true) => format!("{p} DESC, {order}"),
+        _ => order,
+    };
     let bump = n
         .attempt
         .as_ref()

@@ -22,6 +22,16 @@ fn insert_conflict(table: &Table) -> &'static str {
     }
 }
 
+/// How an insert writes the value of `p`, bound as `placeholder`: the priority typed as the
+/// `BIGINT` the driver sends (a statement prepared without argument types would type it as the
+/// column, a `SMALLINT` that the 8-byte value does not fit); the others as they are.
+fn value_of(p: P, placeholder: String) -> String {
+    match p {
+        P::Priority => format!("CAST({placeholder} AS BIGINT)"),
+        _ => placeholder,
+    }
+}
+
 /// The inserts of a table (see the fields of the same names in [`Statements`]).
 pub(super) struct Inserts {
     pub(super) insert: Stmt,
@@ -43,7 +53,7 @@ pub(super) fn build(n: &Names) -> Inserts {
         let mut put = |c: Option<Column>, p: P, s: &mut Stmt| {
             if let Some(c) = c {
                 cols.push(q(c.name));
-                vals.push(s.p(p));
+                vals.push(value_of(p, s.p(p)));
                 insert_row.push(Some(p));
             }
         };
@@ -53,6 +63,7 @@ pub(super) fn build(n: &Names) -> Inserts {
         put(table.enqueued_at, P::EnqueuedAt, s);
         put(table.headers, P::Headers, s);
         put((!table.id.generated).then_some(table.id), P::JobId, s);
+        put(table.priority, P::Priority, s);
         if let Some(a) = table.attempt.filter(|a| !a.generated) {
             cols.push(q(a.name));
             vals.push("1".to_owned());
@@ -102,9 +113,9 @@ impl Statements {
                     .insert_row
                     .iter()
                     .map(|p| match p {
-                        Some(_) => {
+                        Some(p) => {
                             k += 1;
-                            format!("${k}")
+                            value_of(*p, format!("${k}"))
                         }
                         None => "1".to_owned(),
                     })
