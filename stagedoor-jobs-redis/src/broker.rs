@@ -132,7 +132,7 @@ pub(crate) struct Housekeeping {
     /// (bit `level + 2`), and when that set was read (it is read again every second).
     pub(crate) levels: u8,
     pub(crate) levels_read: Option<tokio::time::Instant>,
-    /// Claims made on this queue, for the fair claim every `FAIR_CLAIM_EVERY`.
+    /// Claims of this queue that took jobs, for the fair claim every `FAIR_CLAIM_EVERY`.
     pub(crate) claims: u64,
 }
 

@@ -28,6 +28,21 @@ impl RedisBroker {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+        let out = self.claim_levels(queue, max, wait).await?;
+        if !out.is_empty() {
+            // The fair claim is counted in claims that take jobs, as on every backend.
+            self.update_housekeeping(queue, |h| h.claims += 1);
+        }
+        Ok(out)
+    }
+
+    /// The claim: reclaimed entries, then new ones of each level in use.
+    async fn claim_levels(
+        &self,
+        queue: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
         // The priority levels to read, highest first: normal alone for a queue that never saw
         // another (its claim is one read, as it always was).
         let levels = self.levels_in_use(queue).await?;
@@ -69,8 +84,7 @@ impl RedisBroker {
         self.update_housekeeping(queue, |h| {
             h.reclaimed_at = reclaimed_at;
             h.next_delayed = next_delayed;
-            h.claims += 1;
-            claims = h.claims;
+            claims = h.claims + 1;
         });
         if out.len() >= max {
             return Ok(out);

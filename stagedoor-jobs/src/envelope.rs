@@ -50,8 +50,8 @@ impl fmt::Display for JobId {
 /// [`LOWEST`](Self::LOWEST) (-2) to [`HIGHEST`](Self::HIGHEST) (2); [`NORMAL`](Self::NORMAL)
 /// (0) is the default.
 ///
-/// **No level starves.** Every [`FAIR_CLAIM_EVERY`]th claim of a worker on a queue ignores
-/// priority and takes the jobs that have waited longest (on Redis: from the level whose
+/// **No level starves.** Every [`FAIR_CLAIM_EVERY`]th claim of a worker on a queue (counting
+/// the claims that take jobs) ignores priority and takes the jobs that have waited longest (on Redis: from the level whose
 /// oldest waiting job is the oldest), so a steady flood of high-priority jobs still lets the
 /// others through, at least one claim in eight.
 ///

@@ -63,7 +63,8 @@ struct MemQueue {
     ids: HashSet<JobId>,
     /// Running jobs cancelled (until they are settled).
     cancelled: HashSet<JobId>,
-    /// Claims made, for the fair claim every [`FAIR_CLAIM_EVERY`](crate::FAIR_CLAIM_EVERY).
+    /// Claims that took jobs, for the fair claim every
+    /// [`FAIR_CLAIM_EVERY`](crate::FAIR_CLAIM_EVERY).
     claims: u64,
 }
 
@@ -151,8 +152,8 @@ impl MemoryBroker {
         }
         // Of the due jobs, the highest priority first, in due order among equals; every
         // FAIR_CLAIM_EVERY-th claim in due order alone (no level starves).
-        q.claims += 1;
-        let fair = q.claims % crate::FAIR_CLAIM_EVERY == 0;
+        // Counted in claims that take jobs, as on every backend.
+        let fair = (q.claims + 1) % crate::FAIR_CLAIM_EVERY == 0;
         let mut due: Vec<(crate::Priority, (DateTime<Utc>, u64))> = q
             .waiting
             .range(..=(now, u64::MAX))
@@ -189,6 +190,9 @@ impl MemoryBroker {
                     lease_until: now + crate::broker::chrono_duration(self.inner.lease),
                 },
             );
+        }
+        if !out.is_empty() {
+            q.claims += 1;
         }
         out
     }
