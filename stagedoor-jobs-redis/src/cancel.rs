@@ -72,7 +72,8 @@ impl RedisBroker {
             }
             if let Some((keys, (entry_id, fields))) = found {
                 let now = ms(self.now());
-                let until = now + cancel_mark_ttl(self.lease).as_millis() as i64;
+                let until =
+                    now + stagedoor_jobs::broker::cancel_mark_ttl(self.lease).as_millis() as i64;
                 let r: i64 = scripts::CANCEL_ENTRY
                     .pick(self.allow_oom())
                     .key(&keys.stream)
@@ -206,11 +207,4 @@ impl RedisBroker {
             .map(|(id, _)| id.clone())
             .collect())
     }
-}
-
-/// How long the mark of a running job's cancellation lasts: its worker looks every third of
-/// its lease, so this is many looks; a job republished under the same id within it is
-/// cancelled too.
-fn cancel_mark_ttl(lease: std::time::Duration) -> std::time::Duration {
-    (lease * 10).max(std::time::Duration::from_secs(60))
 }

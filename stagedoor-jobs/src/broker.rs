@@ -446,6 +446,13 @@ pub trait Locks: Inspect {
     }
 }
 
+/// How long a backend keeps the mark of a running job's cancellation, for a broker of lease
+/// `lease`: ten leases, at least a minute. Its worker looks every third of its lease, so this
+/// is many looks; a job republished under the same id within it is cancelled too.
+pub fn cancel_mark_ttl(lease: Duration) -> Duration {
+    (lease * 10).max(Duration::from_secs(60))
+}
+
 /// What [`DeadLetters::cancel`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cancelled {

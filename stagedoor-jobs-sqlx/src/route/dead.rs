@@ -17,13 +17,6 @@ use crate::locks::{ensure_bookkeeping, take_lock};
 use crate::receipt::IdValue;
 use crate::rows::Vals;
 
-/// How long the mark of a running job's cancellation lasts: its worker looks every third of
-/// its lease, so this is many looks; a job republished under the same id within it is
-/// cancelled too.
-pub(crate) fn cancel_mark_ttl(lease: std::time::Duration) -> std::time::Duration {
-    (lease * 10).max(std::time::Duration::from_secs(60))
-}
-
 /// The `stagedoor_locks` key marking job `id` of `queue` cancelled while running.
 pub(crate) fn cancel_mark(queue: &str, id: &str) -> String {
     format!("cancel:{queue}:{id}")
@@ -59,8 +52,10 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
         // meanwhile is reported as not found rather than running.
         ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
         let now = self.broker.now();
-        let until =
-            now + stagedoor_jobs::broker::chrono_duration(cancel_mark_ttl(self.broker.lease));
+        let until = now
+            + stagedoor_jobs::broker::chrono_duration(stagedoor_jobs::broker::cancel_mark_ttl(
+                self.broker.lease,
+            ));
         take_lock::<DB>(
             &mut conn,
             &cancel_mark(queue, id.as_str()),
