@@ -831,3 +831,43 @@ async fn claims_resume_within_a_second_of_the_broker_answering() {
     );
     app.stop().await;
 }
+
+/// Blocks its thread (a handler calling blocking code without `spawn_blocking`) for longer
+/// than the lease, once per job, and counts its runs.
+async fn blocks_its_thread(n: &u32, Data(runs): Data<Arc<Gauge>>) -> HandlerOutcome {
+    runs.most.fetch_add(1, Ordering::SeqCst);
+    if *n == 0 {
+        std::thread::sleep(Duration::from_millis(1_500));
+    }
+    HandlerOutcome::ack()
+}
+
+/// A handler that blocks its thread longer than the lease does not lose the lease: the
+/// renewals run on another of the runtime's threads, so neither this worker's next claim nor
+/// another worker's takes the job again, and it runs once. Before, the renewals were polled in
+/// the handler's own task and stopped with it: the job ran twice (and a panic's backtrace,
+/// resolved in the panic hook, did the same: see `stagedoor-jobs/src/panic.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_blocking_its_thread_past_the_lease_runs_once() {
+    let runs = Arc::new(Gauge::default());
+    let broker = Faulty::with_lease(Faults::default(), Duration::from_millis(300));
+    let service = Service::new(AppInfo::new("blocking", "0.1.0"))
+        .state(Arc::clone(&runs))
+        .with_broker(broker.clone(), |b| {
+            b.include(Subscriber::new("blocking", blocks_its_thread).name("work"))
+                .concurrency(2)
+                .max_attempts(nonzero!(3u32))
+                .dead_letter("blocking.dead");
+        });
+    let app = TestApp::start_live(service).await.unwrap();
+    publish(&app, "blocking", 0..2).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    app.drain().await;
+    assert_each_acked_once(&app, 2);
+    assert_eq!(
+        runs.most.load(Ordering::SeqCst),
+        2,
+        "each job ran once: the blocked one's lease was renewed meanwhile"
+    );
+    app.stop().await;
+}

@@ -90,7 +90,19 @@ impl<B: Broker> Worker<B> {
                     .with_cancellation(cancel.clone()),
                 );
                 let started = std::time::Instant::now();
-                let ran = CatchPanic::new(spec.handler.run(ctx)).await;
+                // In a task of its own: a handler that blocks its thread (blocking code
+                // without `spawn_blocking`) holds up only that task, not this one, which
+                // renews the lease meanwhile.
+                let handler = CatchPanic::new(spec.handler.run(ctx))
+                    .instrument(tracing::Span::current());
+                let ran = match (HandlerTask(tokio::spawn(handler))).await {
+                    Ok(ran) => ran,
+                    Err(e) => Err(Failure::new(
+                        FailureCause::Panic,
+                        format!("the handler's task ended without an outcome: {e}"),
+                        String::new(),
+                    )),
+                };
                 crate::counters::handler_duration(&self.queue.name, env.kind(), started.elapsed());
                 Some(ran)
             };
@@ -170,6 +182,27 @@ fn poison_message(attempt: u32, cap: u32) -> String {
          the cap was lowered after those deliveries (a deploy), or the stored attempt count was edited. \
          Replay it once the cause is fixed (a replay resets its attempts)"
     )
+}
+
+/// A handler's task, aborted when dropped (its delivery's task cancelled): it never outlives
+/// its delivery.
+struct HandlerTask<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for HandlerTask<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for HandlerTask<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
 }
 
 #[cfg(test)]
