@@ -128,8 +128,8 @@ pub(crate) enum SettleOp {
 pub(crate) struct Housekeeping {
     pub(crate) reclaimed_at: Option<tokio::time::Instant>,
     pub(crate) next_delayed: Option<tokio::time::Instant>,
-    /// The levels other than normal jobs were published at (`{q}:levels`), one bit each
-    /// (bit `level + 2`), and when that set was read (it is read again every second).
+    /// The levels other than normal whose streams exist, one bit each (bit `level + 2`), and
+    /// when they were looked for (again every second).
     pub(crate) levels: u8,
     pub(crate) levels_read: Option<tokio::time::Instant>,
     /// Claims of this queue that took jobs, for the fair claim every `FAIR_CLAIM_EVERY`.
@@ -383,9 +383,11 @@ impl RedisBroker {
         k
     }
 
-    /// The priority levels of `queue`'s streams, highest first (normal always): those jobs
-    /// were published at, read from `{q}:levels` at most once a second. A level seen for the
-    /// first time gets its stream and consumer group.
+    /// The priority levels of `queue`'s streams, highest first (normal always): the levels
+    /// whose stream exists (a publish, the delayed mover or a replay made it), looked for at
+    /// most once a second (at once after this process published at a level). A level seen for
+    /// the first time gets its consumer group. Nothing else records which levels are in use,
+    /// so nothing can say a level is unused while its stream holds jobs.
     pub(crate) async fn levels_in_use(&self, queue: &str) -> Result<Vec<Priority>, BrokerError> {
         if Keys::is_dead(queue) {
             return Ok(vec![Priority::NORMAL]);
@@ -399,17 +401,7 @@ impl RedisBroker {
             return Ok(levels_of(hk.levels));
         }
         let keys = self.cached_keys(queue);
-        let mut c = self.conn()?;
-        let members: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(keys.levels())
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
-        let mask = members
-            .iter()
-            .filter_map(|m| Priority::parse(m).ok())
-            .filter(|l| *l != Priority::NORMAL)
-            .fold(0u8, |m, l| m | level_bit(l));
+        let mask = self.levels_present(&keys).await?;
         for l in levels_of(mask & !hk.levels) {
             if l != Priority::NORMAL {
                 self.prepare_stream(&keys.at(l)).await?;
@@ -420,6 +412,48 @@ impl RedisBroker {
             h.levels_read = Some(now);
         });
         Ok(levels_of(mask))
+    }
+
+    /// Adds the levels of `mask` to those `queue`'s claims read (giving each new one its
+    /// group); returns them all, highest first.
+    pub(crate) async fn add_levels(
+        &self,
+        queue: &str,
+        mask: u8,
+    ) -> Result<Vec<Priority>, BrokerError> {
+        let keys = self.cached_keys(queue);
+        let known = self.housekeeping(queue).levels;
+        for l in levels_of(mask & !known) {
+            if l != Priority::NORMAL {
+                self.prepare_stream(&keys.at(l)).await?;
+            }
+        }
+        let mut all = known;
+        self.update_housekeeping(queue, |h| {
+            h.levels |= mask;
+            all = h.levels;
+        });
+        Ok(levels_of(all))
+    }
+
+    /// The levels other than normal whose stream exists on the server, one bit each
+    /// ([`level_bit`]): one `EXISTS` per level, in one round trip.
+    pub(crate) async fn levels_present(&self, keys: &Keys) -> Result<u8, BrokerError> {
+        let others: Vec<Priority> = Priority::ALL
+            .into_iter()
+            .filter(|l| *l != Priority::NORMAL)
+            .collect();
+        let mut pipe = redis::pipe();
+        for l in &others {
+            pipe.cmd("EXISTS").arg(&keys.at(*l).stream);
+        }
+        let mut c = self.conn()?;
+        let found: Vec<i64> = pipe.query_async(&mut c).await.map_err(|e| self.err(e))?;
+        Ok(others
+            .iter()
+            .zip(found)
+            .filter(|(_, n)| *n > 0)
+            .fold(0u8, |m, (l, _)| m | level_bit(*l)))
     }
 
     /// `queue`'s housekeeping (a fresh one the first time).

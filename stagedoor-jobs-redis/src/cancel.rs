@@ -6,8 +6,8 @@
 //! ([`Broker::cancelled`](stagedoor_jobs::Broker::cancelled)).
 
 use redis::{Value, cmd};
+use stagedoor_jobs::JobId;
 use stagedoor_jobs::broker::{BrokerError, Cancelled};
-use stagedoor_jobs::{JobId, Priority};
 
 use crate::broker::{GROUP, RedisBroker, ms};
 use crate::conn::Conn;
@@ -52,18 +52,9 @@ impl RedisBroker {
                 continue;
             }
             // In the queue's stream, or one of its priority levels'.
-            let levels: Vec<String> = cmd("SMEMBERS")
-                .arg(keys.levels())
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
+            let levels = crate::broker::levels_of(self.levels_present(&keys).await?);
             let mut found = None;
-            for level in std::iter::once(Priority::NORMAL).chain(
-                levels
-                    .iter()
-                    .filter_map(|l| Priority::parse(l).ok())
-                    .filter(|l| *l != Priority::NORMAL),
-            ) {
+            for level in levels {
                 let at = keys.at(level);
                 if let Some(e) = self.find_entry(&mut c, &at, id).await? {
                     found = Some((at, e));

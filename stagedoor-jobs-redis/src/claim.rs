@@ -45,7 +45,7 @@ impl RedisBroker {
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
         // The priority levels to read, highest first: normal alone for a queue that never saw
         // another (its claim is one read, as it always was).
-        let levels = self.levels_in_use(queue).await?;
+        let mut levels = self.levels_in_use(queue).await?;
         let now = tokio::time::Instant::now();
         let hk = self.housekeeping(queue);
         let mut out = Vec::new();
@@ -71,7 +71,11 @@ impl RedisBroker {
         }
         // Delayed jobs that are due, when the last look said one would be.
         if next_delayed.is_none_or(|t| now >= t) {
-            let next = self.move_due(&self.cached_keys(queue)).await?;
+            let (next, moved_to) = self.move_due(&self.cached_keys(queue)).await?;
+            // A delayed job moved to a level's stream that did not exist: read it from now.
+            if moved_to & !self.housekeeping(queue).levels != 0 {
+                levels = self.add_levels(queue, moved_to).await?;
+            }
             next_delayed = Some(match next {
                 Some(t) => {
                     let d = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
@@ -389,7 +393,12 @@ impl RedisBroker {
     }
 
     /// Moves due delayed jobs to the stream under the mover's lock; returns when the next is due.
-    pub(crate) async fn move_due(&self, keys: &Keys) -> Result<Option<DateTime<Utc>>, BrokerError> {
+    /// Returns when the next is due, and the levels other than normal it moved jobs to (bit
+    /// `level + 2` each).
+    pub(crate) async fn move_due(
+        &self,
+        keys: &Keys,
+    ) -> Result<(Option<DateTime<Utc>>, u8), BrokerError> {
         let mut c = self.conn()?;
         let token = &self.inner.consumer;
         // Through a script, which a full server runs too (a plain `SET NX` it refuses): moving
@@ -404,8 +413,9 @@ impl RedisBroker {
             .map_err(|e| self.err(e))?;
         if got != 1 {
             // Another worker is moving; look again soon.
-            return Ok(Some(self.now() + chrono::Duration::milliseconds(250)));
+            return Ok((Some(self.now() + chrono::Duration::milliseconds(250)), 0));
         }
+        let mut levels = 0u8;
         let result = async {
             loop {
                 let mut call = scripts::MOVE_DUE.pick(self.allow_oom()).key(&keys.delayed);
@@ -424,8 +434,11 @@ impl RedisBroker {
                     .get(1)
                     .and_then(value::string)
                     .and_then(|s| s.parse::<f64>().ok());
+                let mask = parts.get(2).and_then(value::int).unwrap_or(0);
+                levels |= u8::try_from(mask & 0x1f).unwrap_or(0);
                 if moved < MOVE_BATCH as i64 {
-                    return Ok(next.and_then(|n| DateTime::<Utc>::from_timestamp_millis(n as i64)));
+                    let next = next.and_then(|n| DateTime::<Utc>::from_timestamp_millis(n as i64));
+                    return Ok((next, levels));
                 }
             }
         }

@@ -96,18 +96,6 @@ impl RedisBroker {
             };
             // Back to the stream of its priority level.
             let level = entry::level(&f);
-            if level != stagedoor_jobs::Priority::NORMAL {
-                let added: redis::RedisResult<i64> = cmd("SADD")
-                    .arg(origin.levels())
-                    .arg(level.to_string())
-                    .query_async(&mut c)
-                    .await;
-                if let Err(e) = added {
-                    tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
-                    report.failed += 1;
-                    continue;
-                }
-            }
             let r: redis::RedisResult<i64> = scripts::REPLAY
                 .key(&keys.dead)
                 .key(&origin.at(level).stream)

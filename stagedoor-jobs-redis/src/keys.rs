@@ -10,7 +10,6 @@
 //! | | `{jobs}:mover` | the lock of the delayed mover |
 //! | | `{jobs}:once:<guard>` | a scheduler tick's guard ([`Broker::publish_once`](stagedoor_jobs::Broker::publish_once)) |
 //! | | `{jobs}:p<level>` | the stream of the jobs of priority `level` (`-2`, `-1`, `1`, `2`); normal ones are in `{jobs}` |
-//! | | `{jobs}:levels` | the priority levels other than normal that jobs were ever published at |
 
 /// The keys of one queue.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,12 +77,6 @@ impl Keys {
             };
         }
         k
-    }
-
-    /// The set of the priority levels other than normal that jobs of this queue were ever
-    /// published at (their streams are the ones a claim reads besides the queue's).
-    pub(crate) fn levels(&self) -> String {
-        format!("{}:levels", self.tag)
     }
 
     /// Whether `suffix`, what follows a stream key's hash tag, names a priority level's stream

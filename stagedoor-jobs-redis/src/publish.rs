@@ -101,21 +101,8 @@ impl RedisBroker {
             // with the text rather than `EVALSHA`: a script missing from the cache inside
             // `EXEC` could not be loaded and retried. A retry of the whole batch after an
             // error is safe: ids already in the queue are not added twice.
-            // The priority levels other than normal go into the queue's set of levels in
-            // the same transaction, so that claims read their streams.
             let mut pipe = redis::pipe();
             pipe.atomic();
-            let mut levels: Vec<String> = chunks
-                .iter()
-                .filter(|c| c.1 != Priority::NORMAL)
-                .map(|c| c.1.to_string())
-                .collect();
-            levels.dedup();
-            if !levels.is_empty() {
-                pipe.cmd("SADD").arg(keys.levels()).arg(&levels).ignore();
-                // This process's claims read the set again at once, not within a second.
-                self.update_housekeeping(queue, |h| h.levels_read = None);
-            }
             for (_, level, args) in &chunks {
                 pipe.cmd("EVAL")
                     .arg(scripts::PUBLISH_BODY)
@@ -127,6 +114,10 @@ impl RedisBroker {
             }
             pipe.query_async(&mut c).await.map_err(|e| self.err(e))?
         };
+        if chunks.iter().any(|c| c.1 != Priority::NORMAL) {
+            // This process's claims look for the levels' streams at once, not within a second.
+            self.update_housekeeping(queue, |h| h.levels_read = None);
+        }
         // The script reports the 1-based positions (within its call) of the jobs whose id was
         // already in the queue or earlier in the batch; every other job was stored.
         let mut stored = vec![true; jobs.len()];
@@ -195,16 +186,6 @@ impl RedisBroker {
                 "publish_once to `{queue}`: the job made no script arguments"
             )));
         };
-        if level != Priority::NORMAL {
-            // Before the job: a claim that reads the set then finds the level's stream.
-            let _: i64 = redis::cmd("SADD")
-                .arg(keys.levels())
-                .arg(level.to_string())
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            self.update_housekeeping(queue, |h| h.levels_read = None);
-        }
         let (n, holder): (i64, String) = scripts::PUBLISH_ONCE
             .key(&keys.at(level).stream)
             .key(&keys.delayed)
@@ -215,6 +196,10 @@ impl RedisBroker {
             .invoke_async(&mut c)
             .await
             .map_err(|e| self.err(e))?;
+        if level != Priority::NORMAL {
+            // This process's claims look for the level's stream at once.
+            self.update_housekeeping(queue, |h| h.levels_read = None);
+        }
         match n {
             1 => {
                 if let Some(t) = at.filter(|t| *t > now) {

@@ -312,12 +312,14 @@ return 0
 /// KEYS: delayed, then the streams of the priority levels -2, -1, 0 (the queue's), 1, 2.
 /// ARGV: now_ms, batch. Moves up to `batch` due jobs to the stream of their level (their
 /// `priority` field; normal without one, or with one that is no level), each add and remove
-/// together. Returns {moved, next due score or false}.
+/// together. Returns {moved, next due score or false, the levels other than normal moved to
+/// (bit `level + 2` each)}.
 pub(crate) static MOVE_DUE: LazyLock<OomScript> = LazyLock::new(|| {
     OomScript::new(
         r"
 local due = redis.call('ZRANGE', KEYS[1], '-inf', ARGV[1], 'BYSCORE', 'LIMIT', 0, ARGV[2])
 local levels = {['-2'] = 2, ['-1'] = 3, ['1'] = 5, ['2'] = 6}
+local used = {}
 for _, m in ipairs(due) do
   local f = cmsgpack.unpack(m)
   local k = 4
@@ -326,9 +328,14 @@ for _, m in ipairs(due) do
   end
   redis.call('XADD', KEYS[k], '*', unpack(f))
   redis.call('ZREM', KEYS[1], m)
+  used[k] = true
+end
+local mask = 0
+for k = 2, 6 do
+  if used[k] and k ~= 4 then mask = mask + 2 ^ (k - 2) end
 end
 local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {#due, nxt[2] or false}
+return {#due, nxt[2] or false, mask}
 ",
     )
 });

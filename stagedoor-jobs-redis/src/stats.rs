@@ -49,15 +49,11 @@ impl RedisBroker {
                 ..QueueStats::default()
             });
         }
-        // The queue's stream and those of the priority levels jobs were published at: the
+        // The queue's stream and those of the other priority levels that exist: the
         // counts add up, the oldest is the oldest of all; the delayed set is the queue's one.
-        let levels: Vec<String> = cmd("SMEMBERS")
-            .arg(keys.levels())
-            .query_async(&mut c)
-            .await
-            .map_err(|e| self.err(e))?;
+        let levels = crate::broker::levels_of(self.levels_present(&keys).await?);
         let mut total = self.stream_stats(&keys).await?;
-        for level in levels.iter().filter_map(|l| Priority::parse(l).ok()) {
+        for level in levels {
             if level == Priority::NORMAL {
                 continue;
             }
