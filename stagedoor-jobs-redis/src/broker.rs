@@ -400,13 +400,8 @@ impl RedisBroker {
         {
             return Ok(levels_of(hk.levels));
         }
-        let keys = self.cached_keys(queue);
-        let mask = self.levels_present(&keys).await?;
-        for l in levels_of(mask & !hk.levels) {
-            if l != Priority::NORMAL {
-                self.prepare_stream(&keys.at(l)).await?;
-            }
-        }
+        let mask = self.levels_present(&self.cached_keys(queue)).await?;
+        self.prepare_levels(queue, mask & !hk.levels).await?;
         self.update_housekeeping(queue, |h| {
             h.levels = mask;
             h.levels_read = Some(now);
@@ -421,19 +416,25 @@ impl RedisBroker {
         queue: &str,
         mask: u8,
     ) -> Result<Vec<Priority>, BrokerError> {
-        let keys = self.cached_keys(queue);
         let known = self.housekeeping(queue).levels;
-        for l in levels_of(mask & !known) {
-            if l != Priority::NORMAL {
-                self.prepare_stream(&keys.at(l)).await?;
-            }
-        }
+        self.prepare_levels(queue, mask & !known).await?;
         let mut all = known;
         self.update_housekeeping(queue, |h| {
             h.levels |= mask;
             all = h.levels;
         });
         Ok(levels_of(all))
+    }
+
+    /// Gives the streams of the levels of `mask` other than normal their consumer group.
+    async fn prepare_levels(&self, queue: &str, mask: u8) -> Result<(), BrokerError> {
+        let keys = self.cached_keys(queue);
+        for l in levels_of(mask) {
+            if l != Priority::NORMAL {
+                self.prepare_stream(&keys.at(l)).await?;
+            }
+        }
+        Ok(())
     }
 
     /// The levels other than normal whose stream exists on the server, one bit each

@@ -100,15 +100,21 @@ impl RedisBroker {
         }
         if let [level] = levels.as_slice() {
             let keys = self.keys_at(queue, *level);
-            return self.read_new(queue, &[&keys], max, block, out).await;
+            let count = max - out.len();
+            return self
+                .read_new(queue, &[(*level, &keys)], count, block, out)
+                .await;
         }
         // Several levels: the highest first, each read without blocking until the claim is
         // full; every FAIR_CLAIM_EVERY-th claim starts at the level whose oldest waiting job
         // is the oldest instead, so that no level waits forever behind a busier one.
-        let mut keys: Vec<Arc<Keys>> = levels.iter().map(|l| self.keys_at(queue, *l)).collect();
+        let mut keys: Vec<(Priority, Arc<Keys>)> = levels
+            .iter()
+            .map(|l| (*l, self.keys_at(queue, *l)))
+            .collect();
         if claims % stagedoor_jobs::FAIR_CLAIM_EVERY == 0 {
             let mut call = scripts::OLDEST_WAITING.prepare_invoke();
-            for k in &keys {
+            for (_, k) in &keys {
                 call.key(&k.stream);
             }
             let oldest: i64 = call
@@ -121,11 +127,14 @@ impl RedisBroker {
                 keys.insert(0, first);
             }
         }
-        for k in &keys {
+        for (level, k) in &keys {
             if out.len() >= max {
                 return Ok(out);
             }
-            out = self.read_new(queue, &[k], max, Duration::ZERO, out).await?;
+            let count = max - out.len();
+            out = self
+                .read_new(queue, &[(*level, k)], count, Duration::ZERO, out)
+                .await?;
         }
         if !out.is_empty() || block.is_zero() {
             return Ok(out);
@@ -141,30 +150,16 @@ impl RedisBroker {
             block = block.min(Duration::from_millis(100));
             (1, max)
         };
-        let on: Vec<&Keys> = keys[..streams].iter().map(|k| &**k).collect();
-        self.read_new_shared(queue, &on, count, block, out).await
+        let on: Vec<(Priority, &Keys)> = keys[..streams].iter().map(|(l, k)| (*l, &**k)).collect();
+        self.read_new(queue, &on, count, block, out).await
     }
 
-    /// Reads new entries of `keys`' streams (one stream, `max` of them), blocking up to
-    /// `block`, and adds their deliveries to `out`.
+    /// Reads up to `count` new entries of each of the streams of `keys` (each with its
+    /// level), blocking up to `block`, and adds their deliveries to `out`.
     async fn read_new(
         &self,
         queue: &str,
-        keys: &[&Keys],
-        max: usize,
-        block: Duration,
-        out: Vec<Delivery<RedisReceipt>>,
-    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        let count = max - out.len();
-        self.read_new_shared(queue, keys, count, block, out).await
-    }
-
-    /// Reads up to `count` new entries of each of `keys`' streams, blocking up to `block`, and
-    /// adds their deliveries to `out`.
-    async fn read_new_shared(
-        &self,
-        queue: &str,
-        keys: &[&Keys],
+        keys: &[(Priority, &Keys)],
         count: usize,
         block: Duration,
         mut out: Vec<Delivery<RedisReceipt>>,
@@ -180,7 +175,7 @@ impl RedisBroker {
             read.arg("BLOCK").arg(block.as_millis().max(1) as u64);
         }
         read.arg("STREAMS");
-        for k in keys {
+        for (_, k) in keys {
             read.arg(&k.stream);
         }
         for _ in keys {
@@ -198,7 +193,7 @@ impl RedisBroker {
             Err(e) if e.to_string().contains("NOGROUP") => {
                 // A stream was deleted under us: make them again.
                 self.prepare(queue).await?;
-                for k in keys {
+                for (_, k) in keys {
                     self.prepare_stream(k).await?;
                 }
                 Value::Nil
@@ -206,7 +201,7 @@ impl RedisBroker {
             Err(e) => return Err(self.err(e)),
         };
         for (stream, entries) in value::into_streams_reply(reply) {
-            let Some(k) = keys.iter().find(|k| k.stream == stream) else {
+            let Some((level, k)) = keys.iter().find(|(_, k)| k.stream == stream) else {
                 tracing::error!(
                     queue,
                     stream,
@@ -214,22 +209,13 @@ impl RedisBroker {
                 );
                 continue;
             };
-            let level = Self::level_of(k);
             for (id, fields) in entries {
-                if let Some(d) = self.delivery(k, level, id, fields, 1).await? {
+                if let Some(d) = self.delivery(k, *level, id, fields, 1).await? {
                     out.push(d);
                 }
             }
         }
         Ok(out)
-    }
-
-    /// The priority level of `keys`' stream.
-    fn level_of(keys: &Keys) -> Priority {
-        Priority::ALL
-            .into_iter()
-            .find(|l| keys.at(*l).stream == keys.stream)
-            .unwrap_or_default()
     }
 
     /// Reclaims entries idle past the lease (at most every quarter lease per queue).
