@@ -61,7 +61,10 @@ impl RedisBroker {
             && self.inner.errors.quiet_for(self.lease)
         {
             reclaimed_at = Some(now);
-            for level in &levels {
+            // The server's side of the same rule: a failover or restart the broker did not
+            // see as an error (the Cluster client retries through one) waits a lease too.
+            let served = self.served_for_a_lease(&self.cached_keys(queue)).await?;
+            for level in levels.iter().filter(|_| served) {
                 if out.len() >= max {
                     break;
                 }

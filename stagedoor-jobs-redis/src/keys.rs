@@ -9,6 +9,7 @@
 //! | | `{jobs}:ids` | the ids of the jobs in the queue, so one is not added twice |
 //! | | `{jobs}:mover` | the lock of the delayed mover |
 //! | | `{jobs}:once:<guard>` | a scheduler tick's guard ([`Broker::publish_once`](stagedoor_jobs::Broker::publish_once)) |
+//! | | `{jobs}:serving` | the process serving the queue and since when: no reclaim until a lease after a failover or restart |
 //! | | `{jobs}:p<level>` | the stream of the jobs of priority `level` (`-2`, `-1`, `1`, `2`); normal ones are in `{jobs}` |
 
 /// The keys of one queue.
@@ -56,6 +57,12 @@ impl Keys {
     /// script on one node of a Redis Cluster.
     pub(crate) fn once(&self, guard: &str) -> String {
         format!("{}:once:{guard}", self.tag)
+    }
+
+    /// The hash naming the server process that serves this queue and since when (see
+    /// `failover.rs`): no reclaim until it has served for a lease.
+    pub(crate) fn serving(&self) -> String {
+        format!("{}:serving", self.tag)
     }
 
     /// The sorted set of this queue's running jobs marked cancelled (scored by when each mark

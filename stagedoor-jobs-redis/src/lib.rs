@@ -164,7 +164,9 @@
 //! ([`DEFAULT_LEASE`](stagedoor_jobs::broker::DEFAULT_LEASE); [`RedisBroker::lease`] sets
 //! another), renewed by the runtime every second until the delivery is settled; entries idle past
 //! it are reclaimed (XAUTOCLAIM), except after a connection error, until the broker has talked to
-//! the server for a whole lease without one (the holders renew first). An entry delivered more
+//! the server for a whole lease without one (the holders renew first), and except after a
+//! failover or restart (a new server process serving the queue's slot, which the server
+//! itself notes in `{q}:serving`), until that process has served the queue for a whole lease. An entry delivered more
 //! than [`max_deliveries`](RedisBroker::max_deliveries) times (default 3) without being settled
 //! goes to the dead stream without running again. A full server (`maxmemory`, `noeviction`)
 //! refuses publishing with [`BrokerError::Full`](stagedoor_jobs::BrokerError::Full) while
@@ -192,6 +194,7 @@ mod conn;
 mod dead;
 mod entry;
 mod errors;
+mod failover;
 mod keys;
 mod publish;
 mod schedule;

@@ -23,7 +23,7 @@ pub(crate) struct OomScript {
 }
 
 impl OomScript {
-    fn new(body: &str) -> Self {
+    pub(crate) fn new(body: &str) -> Self {
         Self {
             plain: Script::new(body),
             allow_oom: Script::new(&format!("#!lua flags=allow-oom\n{body}")),
