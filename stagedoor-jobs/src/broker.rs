@@ -450,7 +450,7 @@ pub trait Locks: Inspect {
 /// `lease`: ten leases, at least a minute. Its worker looks every third of its lease, so this
 /// is many looks; a job republished under the same id within it is cancelled too.
 pub fn cancel_mark_ttl(lease: Duration) -> Duration {
-    (lease * 10).max(Duration::from_secs(60))
+    lease.saturating_mul(10).max(Duration::from_secs(60))
 }
 
 /// What [`DeadLetters::cancel`] found.
@@ -801,7 +801,7 @@ fn is_secret_name(name: &str) -> bool {
         .any(|s| name.contains(s))
 }
 
-pub use crate::clock::chrono_duration;
+pub use crate::clock::{chrono_duration, later};
 
 /// A derived job id for a schedule tick, so a duplicate enqueue of the tick is recognised.
 pub fn tick_job_id(schedule: &str, tick: DateTime<Utc>) -> JobId {
@@ -839,7 +839,9 @@ pub trait Publish: Broker {
             if let Some((key, window)) = crate::envelope::unique_of(envelope.headers()) {
                 let guard = crate::envelope::unique_guard(&queue, key);
                 let delay = at.and_then(|a| (a - now).to_std().ok()).unwrap_or_default();
-                let ttl = window + crate::envelope::UNIQUE_PENDING_MAX + delay;
+                let ttl = window
+                    .saturating_add(crate::envelope::UNIQUE_PENDING_MAX)
+                    .saturating_add(delay);
                 return self.publish_once(&queue, (envelope, at), &guard, ttl).await;
             }
             let id = envelope.id().clone();

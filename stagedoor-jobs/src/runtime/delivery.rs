@@ -165,7 +165,8 @@ impl<B: Broker> Worker<B> {
             _ => {
                 let asked = after.unwrap_or_else(|| spec.backoff.delay(env.attempt()));
                 let delay =
-                    crate::backoff::retry_delay(spec.max_attempts.is_some(), asked, env.attempt());
+                    crate::backoff::retry_delay(spec.max_attempts.is_some(), asked, env.attempt())
+                        .min(crate::clock::MAX_DELAY);
                 tracing::warn!(error = %failure.error, cause = %failure.cause, "attempt {} failed: retry in {delay:?}", env.attempt());
                 Settlement::Retry { delay, failure }
             }

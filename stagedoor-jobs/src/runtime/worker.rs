@@ -213,7 +213,7 @@ impl<B: Broker> Worker<B> {
                         drop(permits);
                         let until = full
                             .next_free
-                            .map(|d| self.broker.clock().now() + crate::clock::chrono_duration(d));
+                            .map(|d| crate::clock::later(self.broker.clock().now(), d));
                         self.ctx
                             .held_back
                             .set(&self.queue.name, self.held_id, until);
