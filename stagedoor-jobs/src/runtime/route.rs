@@ -211,6 +211,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                             by_kind: HashMap::new(),
                             every_kind: None,
                             slots: 0,
+                            kind_labels: Arc::default(),
                         });
                         queues.last_mut().expect("just pushed")
                     }

@@ -41,6 +41,8 @@ pub(super) struct QueueRt {
     pub(super) by_kind: HashMap<String, usize>,
     pub(super) every_kind: Option<usize>,
     pub(super) slots: usize,
+    /// The kinds the mount for every kind labelled in the metrics.
+    pub(super) kind_labels: Arc<crate::counters::KindLabels>,
 }
 
 /// Counts one delivery out of the service's in-flight count, and its queue's, when dropped
