@@ -38,6 +38,39 @@ pub const MAX_ATTEMPT: u32 = 32_767;
 /// killed with jobs in hand gives them back within about 3 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(3);
 
+/// The shortest lease a service starts with: 100 ms. A shorter one (zero) would have a job
+/// claimed again while its handler runs, and run twice.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// The longest lease a service starts with: one day. The runtime renews a lease every third of
+/// it, so a long handler needs no long lease; a longer one would keep the jobs of a worker that
+/// died from running again for that long.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The longest queue (or dead letter) name, in bytes: 200.
+pub const MAX_QUEUE_NAME_LEN: usize = 200;
+
+/// What is wrong with `queue` as a queue or dead letter name on any backend, with the fix: an
+/// empty name, a NUL, or a name longer than [`MAX_QUEUE_NAME_LEN`] bytes.
+/// [`Broker::queue_name_problem`] adds what a backend refuses besides.
+pub fn queue_name_problem(queue: &str) -> Option<String> {
+    if queue.is_empty() {
+        Some("the queue name is empty: name the queue, such as `emails`".to_owned())
+    } else if queue.contains('\0') {
+        Some(format!(
+            "the queue name {queue:?} holds a NUL character, which backends cannot store: remove it"
+        ))
+    } else if queue.len() > MAX_QUEUE_NAME_LEN {
+        Some(format!(
+            "the queue name `{}…` is {} bytes long, more than the {MAX_QUEUE_NAME_LEN} a queue name may have (stagedoor_jobs::broker::MAX_QUEUE_NAME_LEN): shorten it",
+            queue.chars().take(40).collect::<String>(),
+            queue.len()
+        ))
+    } else {
+        None
+    }
+}
+
 /// An error of a broker: the server could not be reached, a statement failed, a stored entry
 /// is malformed.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -68,6 +101,10 @@ pub enum BrokerError {
     /// Anything else the backend reported.
     #[error("{0}")]
     Backend(String),
+    /// The call was refused before it reached the backend: a value it cannot take (an empty
+    /// queue name). The message names the value and the fix.
+    #[error("refused: {0}")]
+    Invalid(String),
 }
 
 impl BrokerError {
@@ -633,8 +670,17 @@ pub trait Broker: DeadLetters + Locks + Activity {
     }
 
     /// How long a claim holds a job; the runtime renews a held delivery every third of it. The
-    /// backends here default to [`DEFAULT_LEASE`].
+    /// backends here default to [`DEFAULT_LEASE`]. A service refuses to start with a lease
+    /// below [`MIN_LEASE`] or above [`MAX_LEASE`].
     fn lease(&self) -> Duration;
+
+    /// What is wrong with `queue` as a queue or dead letter name on this backend, with the
+    /// fix; `None` for a name it takes. The service refuses to start with a mount on such a
+    /// queue, and [`Publish`] refuses to publish to one ([`BrokerError::Invalid`]). The
+    /// default refuses what no backend takes ([`queue_name_problem`]).
+    fn queue_name_problem(&self, queue: &str) -> Option<String> {
+        queue_name_problem(queue)
+    }
 
     /// The backend's clock now (Redis `TIME`, Postgres `now()`), or `None` for a backend that
     /// keeps no clock of its own. The runtime measures the broker's [`clock`](Broker::clock)
@@ -828,12 +874,16 @@ type Batch = Vec<(Envelope, Option<DateTime<Utc>>)>;
 /// ```
 pub trait Publish: Broker {
     /// Publishes one job now, at its time or after its delay; returns its id as stored and
-    /// whether it was stored (see [`Published`]).
+    /// whether it was stored (see [`Published`]). A queue name the backend cannot take
+    /// ([`Broker::queue_name_problem`]) is refused with [`BrokerError::Invalid`].
     fn publish_job(
         &self,
         job: crate::Job,
     ) -> impl Future<Output = Result<Published, BrokerError>> + Send {
         async move {
+            if let Some(p) = self.queue_name_problem(job.queue()) {
+                return Err(BrokerError::Invalid(p));
+            }
             let now = self.clock().now();
             let (queue, envelope, at) = job.into_parts(now);
             if let Some((key, window)) = crate::envelope::unique_of(envelope.headers()) {
@@ -863,6 +913,8 @@ pub trait Publish: Broker {
     /// batch, is not). Jobs of several queues are grouped by queue, in order of first
     /// appearance. Unique jobs ([`Job::unique`](crate::Job::unique)) are published one at a
     /// time after the batches, each with its key in one step (not all or none with the rest).
+    /// A queue name the backend cannot take ([`Broker::queue_name_problem`]) refuses the whole
+    /// call with [`BrokerError::Invalid`], before anything is stored.
     fn publish_jobs<I>(
         &self,
         jobs: I,
@@ -871,6 +923,10 @@ pub trait Publish: Broker {
         I: IntoIterator<Item = crate::Job>,
     {
         let now = self.clock().now();
+        let jobs: Vec<crate::Job> = jobs.into_iter().collect();
+        // A queue name the backend cannot take refuses the whole call, before anything is
+        // stored.
+        let refused = jobs.iter().find_map(|j| self.queue_name_problem(j.queue()));
         // For each job: its queue's batch and its place in that batch.
         let mut places = Vec::new();
         let mut by_queue: Vec<(String, Batch)> = Vec::new();
@@ -893,6 +949,9 @@ pub trait Publish: Broker {
             by_queue[b].1.push((envelope, at));
         }
         async move {
+            if let Some(p) = refused {
+                return Err(BrokerError::Invalid(p));
+            }
             let mut reports = Vec::with_capacity(by_queue.len());
             for (queue, batch) in by_queue {
                 let n = batch.len();

@@ -353,6 +353,8 @@ impl Job {
     /// disappears without one (a row deleted by hand) holds its key at most
     /// [`UNIQUE_PENDING_MAX`] beyond its delay and window.
     ///
+    /// A window longer than [`MAX_DELAY`](crate::MAX_DELAY) (ten years) is kept at it.
+    ///
     /// The key travels in the job's headers ([`UNIQUE_HEADER`]); a SQL table without a headers
     /// column cannot carry it, so there the window starts with the hold above.
     pub fn unique(mut self, key: impl Into<String>, window: Duration) -> Self {
@@ -426,6 +428,9 @@ impl Job {
                 let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
                 format!("{}:{hex}", self.envelope.kind)
             });
+            // Kept at MAX_DELAY, so that it fits the header's number (2^64 ms did not, and the
+            // job was silently not unique).
+            let window = window.min(crate::clock::MAX_DELAY);
             self.envelope.headers.extra.insert(
                 UNIQUE_HEADER.to_owned(),
                 format!("{} {key}", window.as_millis()),

@@ -107,7 +107,9 @@ impl MemoryBroker {
         Self::with_lease(crate::broker::DEFAULT_LEASE)
     }
 
-    /// A broker whose claims hold a job for `lease`.
+    /// A broker whose claims hold a job for `lease`. A service refuses to start with a lease
+    /// below [`MIN_LEASE`](crate::broker::MIN_LEASE) (100 ms) or above
+    /// [`MAX_LEASE`](crate::broker::MAX_LEASE) (one day).
     pub fn with_lease(lease: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {

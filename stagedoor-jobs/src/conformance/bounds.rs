@@ -1,6 +1,7 @@
 //! Values at their bounds: a delay too long to keep ([`MAX_DELAY`]: a handler's
 //! `retry_after(Duration::MAX)`, `Job::after(Duration::MAX)`, `Job::at` of a far future) is
-//! kept at the bound on every backend, and the service lives on.
+//! kept at the bound on every backend, and the service lives on. A lease or a queue name out
+//! of bounds is refused; a unique window past the bound is kept at it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,4 +146,148 @@ pub async fn a_huge_delay_is_published_at_the_longest_delay<F: Fixture>(fixture:
     assert_delayed_at_the_bound(&direct, Q, now, 3).await;
     service_lives_on(&app, &probe, Q).await;
     app.stop().await;
+}
+
+/// The problems of a service that was refused, or a panic naming what started.
+fn refusal(started: Result<TestApp, crate::ServiceError>) -> Vec<crate::broker::Problem> {
+    match started {
+        Err(crate::ServiceError::Refused { problems, .. }) => problems,
+        Err(other) => panic!("expected a refusal listing the problems, got {other}"),
+        Ok(_) => panic!("expected a refusal, but the service started"),
+    }
+}
+
+/// Starts `service` as the fixture runs, returning what the start returned.
+async fn try_start<F: Fixture>(
+    fixture: &F,
+    service: crate::Service,
+) -> Result<TestApp, crate::ServiceError> {
+    if fixture.paused() {
+        TestApp::start(service).await
+    } else {
+        TestApp::start_live(service).await
+    }
+}
+
+/// A lease of zero (a job claimed again while its handler runs, so run twice) or of more than
+/// [`MAX_LEASE`](crate::broker::MAX_LEASE) (a dead worker's jobs held that long, and lease
+/// arithmetic that overflows) is refused at startup, naming the lease and the bounds.
+pub async fn a_lease_out_of_bounds_is_refused_at_startup<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_lease_bounds";
+    for lease in [
+        Duration::ZERO,
+        Duration::from_secs(2 * 24 * 3600),
+        Duration::MAX,
+    ] {
+        let probe = Probe::new();
+        let broker = fixture.broker_with_lease(lease).await;
+        let started = try_start(
+            &fixture,
+            service(&probe).with_broker(broker, |b| {
+                b.include(Subscriber::new(Q, retries_after_forever_once).name("forever"));
+            }),
+        )
+        .await;
+        let problems = refusal(started);
+        assert_eq!(problems.len(), 1, "{lease:?}: {problems:?}");
+        let text = &problems[0].message;
+        assert!(
+            text.contains(&format!("{lease:?}"))
+                && text.contains("MIN_LEASE")
+                && text.contains("MAX_LEASE"),
+            "names the lease and the bounds: {text}"
+        );
+    }
+}
+
+/// A queue name no backend takes (empty, a NUL, longer than
+/// [`MAX_QUEUE_NAME_LEN`](crate::broker::MAX_QUEUE_NAME_LEN)) is refused at startup, every
+/// one listed at once, and at publish with [`BrokerError::Invalid`](crate::BrokerError)
+/// naming it; nothing is stored, and a good name is published as before.
+pub async fn a_bad_queue_name_is_refused_at_startup_and_at_publish<F: Fixture>(fixture: F) {
+    use crate::broker::{BrokerError, Inspect, Publish};
+    let long = "q".repeat(crate::broker::MAX_QUEUE_NAME_LEN + 1);
+    let bad = [String::new(), "cf_nul\0name".to_owned(), long];
+    let probe = Probe::new();
+    let broker = fixture.broker().await;
+    let direct = connected(&broker).await;
+    let started = try_start(
+        &fixture,
+        service(&probe).with_broker(broker, |b| {
+            for (i, q) in bad.iter().enumerate() {
+                b.include(
+                    Subscriber::new(q.clone(), retries_after_forever_once).name(format!("bad{i}")),
+                );
+            }
+        }),
+    )
+    .await;
+    let problems = refusal(started);
+    for (i, want) in ["empty", "NUL", "bytes long"].iter().enumerate() {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.mount.contains(&format!("bad{i}")) && p.message.contains(want)),
+            "a problem of mount bad{i} says `{want}`: {problems:?}"
+        );
+    }
+    for q in &bad {
+        match direct.publish_job(job(q, 1)).await {
+            Err(BrokerError::Invalid(m)) => assert!(m.contains("queue name"), "{m}"),
+            other => panic!("publishing to {q:?} is refused, not {other:?}"),
+        }
+        match direct
+            .publish_jobs([job("cf_bad_names_ok", 1), job(q, 2)])
+            .await
+        {
+            Err(BrokerError::Invalid(m)) => assert!(m.contains("queue name"), "{m}"),
+            other => panic!("a batch with {q:?} is refused, not {other:?}"),
+        }
+    }
+    let stats = direct.stats("cf_bad_names_ok").await.expect("stats");
+    assert_eq!(
+        (stats.ready, stats.delayed),
+        (0, 0),
+        "a refused batch stores nothing: {stats:?}"
+    );
+    let got = direct
+        .publish_job(job("cf_bad_names_ok", 3))
+        .await
+        .expect("a good name is published");
+    assert!(got.is_stored());
+}
+
+/// A unique window past [`MAX_DELAY`] (`Duration::MAX`, 2^64 ms and more) keeps the job
+/// unique (the window is kept at the bound): before, it did not fit its header and the job
+/// was silently not unique.
+pub async fn a_unique_window_past_the_bound_keeps_the_job_unique<F: Fixture>(fixture: F) {
+    use crate::broker::Publish;
+    const Q: &str = "cf_unique_huge";
+    let broker = fixture.broker().await;
+    let direct = connected(&broker).await;
+    for window in [Duration::MAX, Duration::from_millis(u64::MAX)] {
+        let key = format!("k-{}", window.as_secs());
+        let first = direct
+            .publish_job(
+                job(Q, 1)
+                    .after(Duration::from_secs(60))
+                    .unique(&key, window),
+            )
+            .await
+            .expect("publish");
+        assert!(first.is_stored());
+        let second = direct
+            .publish_job(
+                job(Q, 2)
+                    .after(Duration::from_secs(60))
+                    .unique(&key, window),
+            )
+            .await
+            .expect("publish");
+        assert!(
+            !second.is_stored(),
+            "a window of {window:?} keeps the key: the second is not stored"
+        );
+        assert_eq!(second.id(), first.id());
+    }
 }

@@ -62,7 +62,8 @@
 //!   and a replay; no level starved;
 //! - `unique.rs`: unique jobs, their window, racing publishes, keys by payload;
 //! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
-//! - `bounds.rs`: values at their bounds: delays past `MAX_DELAY`;
+//! - `bounds.rs`: values at their bounds: delays past `MAX_DELAY`, leases, queue names,
+//!   unique windows;
 //! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
 //! - `fixture.rs`: [`Fixture`], what a backend provides to run the suite.
 //! - `support.rs`: what the rows share (timings, the test job, the probe, the handlers).
@@ -87,7 +88,10 @@ pub use activity::{
     worker_report_not_renewed_within_its_ttl_is_gone, worker_reports_are_listed_and_replaced,
 };
 pub use bounds::{
-    a_huge_delay_is_published_at_the_longest_delay, a_huge_retry_after_is_kept_at_the_longest_delay,
+    a_bad_queue_name_is_refused_at_startup_and_at_publish,
+    a_huge_delay_is_published_at_the_longest_delay,
+    a_huge_retry_after_is_kept_at_the_longest_delay, a_lease_out_of_bounds_is_refused_at_startup,
+    a_unique_window_past_the_bound_keeps_the_job_unique,
 };
 pub use cancel::{
     cancel_of_a_running_job_fires_its_cancellation, cancel_removes_waiting_and_delayed_jobs,
@@ -229,6 +233,9 @@ macro_rules! conformance_tests {
             no_priority_starves_under_a_flood_of_higher_ones
             a_huge_retry_after_is_kept_at_the_longest_delay
             a_huge_delay_is_published_at_the_longest_delay
+            a_lease_out_of_bounds_is_refused_at_startup
+            a_bad_queue_name_is_refused_at_startup_and_at_publish
+            a_unique_window_past_the_bound_keeps_the_job_unique
         );
     };
     ($fixture:expr $(,)?) => {
