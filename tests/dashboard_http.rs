@@ -850,6 +850,31 @@ async fn passwords_are_masked_and_backend_errors_shown() {
     );
 }
 
+/// A title holding a URL whose password is in its query (`?password=`, `sslpassword`, any
+/// case) shows it masked on every page.
+#[tokio::test]
+async fn a_query_password_in_the_title_is_masked() {
+    let mut web = Web::new(
+        Dashboard::new(MemoryBroker::new())
+            .title(
+                "ops of postgres://app@db:5432/app?sslmode=require&PASSWORD=hunter2&sslpassword=hunter2",
+            )
+            .router(),
+    );
+    for path in ["/", "/dead", "/scheduled", "/workers"] {
+        let r = web.get(path).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.body);
+        assert!(!r.body.contains("hunter2"), "{path}: {}", r.body);
+        assert!(
+            r.body.contains(
+                "postgres://app@db:5432/app?sslmode=require&amp;PASSWORD=***&amp;sslpassword=***"
+            ),
+            "{path}: the title, masked: {}",
+            r.body
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_standalone_server_refuses_open_addresses_without_auth() {
     let b = MemoryBroker::new();

@@ -115,6 +115,103 @@ async fn outcomes_are_counted_per_queue_and_kind() {
     app.stop().await;
 }
 
+/// The series of `queue` in `snap`.
+fn series_of(snap: &[(metrics_util::CompositeKey, DebugValue)], queue: &str) -> Vec<String> {
+    let set: std::collections::BTreeSet<String> = snap
+        .iter()
+        .filter(|(k, _)| {
+            k.key()
+                .labels()
+                .any(|l| l.key() == "queue" && l.value() == queue)
+        })
+        .map(|(k, _)| format!("{:?}", k.key()))
+        .collect();
+    set.into_iter().collect()
+}
+
+/// Kinds come from the entries, whoever wrote them: jobs of 1,000 distinct kinds make a bounded
+/// number of series. On a queue whose mounts name their kinds, a kind none names (dead-lettered
+/// unrun) is counted under `kind="unknown"`; on a queue with a mount for every kind, the first
+/// `KIND_LABELS_MAX` kinds keep their label and the rest are counted under `kind="other"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_kinds_make_a_bounded_number_of_series() {
+    let _serial = SERIAL.lock().await;
+    take();
+    let (named, every) = ("m_named_kinds", "m_every_kind");
+    let service =
+        Service::new(AppInfo::new("metrics", "0.1.0")).with_broker(MemoryBroker::new(), |b| {
+            b.include(Subscriber::new(named, work).kind("task"));
+            b.include(Subscriber::new(every, work));
+        });
+    let app = TestApp::start(service).await.unwrap();
+    let job = |q: &str, kind: String| Job::new(q, &Task { what: "ok".into() }).unwrap().kind(kind);
+    for q in [named, every] {
+        app.publish(job(q, "task".into())).await.unwrap();
+        for n in 0..1000 {
+            app.enqueue(job(q, format!("kind_{n}"))).await.unwrap();
+        }
+    }
+    app.drain().await;
+    let snap = take();
+    let value = |n: &str, l: &[(&str, &str)]| value_in(&snap, n, l);
+
+    // Five series of the two labels, and the queue's gauges.
+    let series = series_of(&snap, named);
+    assert!(
+        series.len() <= 12,
+        "{} series: {:?}",
+        series.len(),
+        &series[..series.len().min(20)]
+    );
+    let unknown = [("queue", named), ("kind", "unknown")];
+    assert_eq!(
+        value("stagedoor_jobs_processed_total", &unknown),
+        1000.0,
+        "every unknown kind is counted, under one label"
+    );
+    assert_eq!(
+        value("stagedoor_jobs_dead_lettered_total", &unknown),
+        1000.0
+    );
+    assert_eq!(
+        value(
+            "stagedoor_jobs_processed_total",
+            &[("queue", named), ("kind", "task")]
+        ),
+        1.0,
+        "the mount's kind keeps its label"
+    );
+
+    let series = series_of(&snap, every);
+    // Two series (processed, duration) per label (the first 100 kinds and `other`), and the
+    // queue's gauges.
+    assert!(
+        series.len() <= 2 * 101 + 6,
+        "{} series: {:?}",
+        series.len(),
+        &series[..series.len().min(20)]
+    );
+    let total = value("stagedoor_jobs_processed_total", &[("queue", every)]);
+    assert_eq!(total, 1001.0, "every job is counted");
+    assert_eq!(
+        value(
+            "stagedoor_jobs_processed_total",
+            &[("queue", every), ("kind", "task")]
+        ),
+        1.0,
+        "a kind seen early keeps its label"
+    );
+    assert_eq!(
+        value(
+            "stagedoor_jobs_processed_total",
+            &[("queue", every), ("kind", "other")]
+        ),
+        1001.0 - 100.0,
+        "past the first 100 kinds, one label"
+    );
+    app.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_alert_fires_when_a_dead_letter_goes_from_empty_to_not_empty() {
     let _serial = SERIAL.lock().await;

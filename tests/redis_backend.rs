@@ -14,7 +14,7 @@
 //! | the dead stream trimmed at about 10,000 | [`the_dead_stream_is_trimmed_at_about_ten_thousand`] |
 //! | poison: deleted entries forgotten, max deliveries | [`an_entry_deleted_while_pending_is_forgotten`], [`an_entry_delivered_max_deliveries_times_is_dead_lettered_without_running`], [`claims_never_settled_end_in_the_dead_stream`] |
 //! | reconnects | [`the_worker_lives_on_through_a_server_restart`] |
-//! | bad input at startup | [`an_unreachable_server_fails_start_in_one_line`], ... |
+//! | bad input at startup | [`an_unreachable_server_fails_start_in_one_line`], [`a_queue_name_with_braces_is_refused`], ... |
 //!
 //! The flows of items 1, 2 and 4 run on the cluster too (`cluster::*`).
 
@@ -1630,6 +1630,55 @@ async fn a_dead_letter_that_is_not_the_dead_stream_refuses_to_start() {
     );
 }
 
+/// A queue name holding `{` or `}` would end its keys' hash tag early (`{ns}a{b}` is tagged
+/// `ns}a{b`'s first braces: on a Cluster its keys would land in other slots, CROSSSLOT, and
+/// `queues()` would misread the name). It is refused at startup, naming the fix, and at
+/// publish; nothing is stored, and the Redis broker goes on publishing good names.
+async fn a_queue_name_with_braces_is_refused(on: On) {
+    let fx = Fx::new(on).await;
+    let service = Service::new(AppInfo::new("bad-input", "0.1.0")).with_broker(fx.broker(), |b| {
+        b.include(Subscriber::new("mail{eu}", ok).name("braces"));
+    });
+    let err = start_err(service).await;
+    let text = err.to_string();
+    let ServiceError::Refused { problems, .. } = err else {
+        panic!("a refusal: {text}");
+    };
+    assert_eq!(problems.len(), 1, "{text}");
+    assert!(
+        problems[0].mount.contains("braces")
+            && problems[0].message.contains("`mail{eu}`")
+            && problems[0].message.contains("such as `maileu`"),
+        "names the name and the fix: {text}"
+    );
+
+    let broker = fx.broker();
+    broker.connect().await.expect("connect");
+    for q in ["mail{eu}", "{mail}", "mail}", ""] {
+        match broker.publish_job(job_on(q)).await {
+            Err(stagedoor_jobs::BrokerError::Invalid(m)) => {
+                assert!(m.contains("queue name"), "{m}")
+            }
+            other => panic!("publishing to {q:?} is refused, not {other:?}"),
+        }
+    }
+    let got = broker
+        .publish_job(job_on("mail_eu"))
+        .await
+        .expect("a good name");
+    assert!(got.is_stored());
+    assert_eq!(broker.stats("mail_eu").await.expect("stats").ready, 1);
+    if on == On::Standalone {
+        // (A Cluster connection's SCAN answers for one node.)
+        let names = broker.queues().await.expect("queues");
+        assert_eq!(names, ["mail_eu"], "nothing else stored");
+    }
+}
+
+fn job_on(queue: &str) -> Job {
+    Job::new(queue, &json!({ "n": 1 })).expect("encode")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Standalone and cluster
 // ---------------------------------------------------------------------------------------------
@@ -1670,6 +1719,7 @@ on_both!(
     an_entry_deleted_while_pending_is_forgotten,
     an_entry_delivered_max_deliveries_times_is_dead_lettered_without_running,
     claims_never_settled_end_in_the_dead_stream,
+    a_queue_name_with_braces_is_refused,
 );
 
 // ---------------------------------------------------------------------------------------------

@@ -726,6 +726,24 @@ async fn sqlite_dead_letters_end_to_end() {
     remove_sqlite(&path);
 }
 
+/// A password in the URL's query (`?password=`, which sqlx honours, in any case, `sslpassword`,
+/// percent-encoded) is never printed: the connection error names the URL masked.
+#[test]
+fn a_password_in_the_query_is_never_printed() {
+    // Nothing listens on port 1.
+    for url in [
+        "postgres://app@127.0.0.1:1/app?password=secret",
+        "postgres://app@127.0.0.1:1/app?sslmode=disable&PassWord=secret",
+        "postgres://app@127.0.0.1:1/app?%70assword=secret&sslpassword=secret",
+        "postgres://app:secret@127.0.0.1:1/app?password=secret",
+    ] {
+        let r = run_command(["--url", url, "--table", "t", "queues"]);
+        assert_one_line(&r, 3, "cannot connect to Postgres at `postgres://app");
+        assert!(r.stderr.contains("=***"), "the password is masked: {r:?}");
+        assert!(!r.stderr.contains("secret"), "{url}: {r:?}");
+    }
+}
+
 /// A server that is down, a URL that is wrong, a database or table that is not there: one
 /// line on stderr each, and the exit code for it.
 #[cfg_attr(

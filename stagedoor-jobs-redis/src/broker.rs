@@ -300,6 +300,8 @@ impl RedisBroker {
     /// worker that dies gives its jobs back within about a lease while a live worker keeps
     /// the jobs of its slow handlers however long they run. A longer lease only delays the
     /// jobs of a dead worker; a shorter one needs renewals to reach the server that often.
+    /// A service refuses to start with a lease below [`MIN_LEASE`](stagedoor_jobs::broker::MIN_LEASE)
+    /// (100 ms) or above [`MAX_LEASE`](stagedoor_jobs::broker::MAX_LEASE) (one day).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -740,6 +742,10 @@ impl Broker for RedisBroker {
 
     fn lease(&self) -> Duration {
         self.lease
+    }
+
+    fn queue_name_problem(&self, queue: &str) -> Option<String> {
+        crate::keys::name_problem(queue)
     }
 
     /// The broker's one clock (clones share it and the offset the runtime measures against

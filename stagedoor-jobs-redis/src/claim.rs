@@ -456,7 +456,10 @@ impl RedisBroker {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get_mut(queue)
         {
-            let at = tokio::time::Instant::now() + delay;
+            // A delay too long for an instant needs no earlier look.
+            let Some(at) = tokio::time::Instant::now().checked_add(delay) else {
+                return;
+            };
             h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
         }
     }

@@ -27,6 +27,21 @@ pub(crate) struct Keys {
 
 use stagedoor_jobs::Priority;
 
+/// What is wrong with `name` as a Redis queue or dead letter name, with the fix: what no
+/// backend takes ([`queue_name_problem`](stagedoor_jobs::broker::queue_name_problem)), and a
+/// `{` or `}`, which would end the queue's hash tag early (on a Cluster the queue's keys would
+/// land in different slots, and `queues()` would misread the name).
+pub(crate) fn name_problem(name: &str) -> Option<String> {
+    stagedoor_jobs::broker::queue_name_problem(name).or_else(|| {
+        name.contains(['{', '}']).then(|| {
+            format!(
+                "the queue name `{name}` holds a `{{` or `}}`, which Redis keys use for the queue's hash tag: use a name without braces, such as `{}`",
+                name.replace(['{', '}'], "")
+            )
+        })
+    })
+}
+
 /// The suffix of a dead stream's name.
 pub(crate) const DEAD_SUFFIX: &str = ":dead";
 

@@ -189,8 +189,7 @@ impl RedisBroker {
                     let items = entry::flat(&fields);
                     (SettleOp::Retry { due: 0, items }, None)
                 } else {
-                    let due =
-                        ms(self.now() + stagedoor_jobs::broker::chrono_duration(delay)).max(1);
+                    let due = ms(stagedoor_jobs::broker::later(self.now(), delay)).max(1);
                     let items = vec![entry::member(&fields)];
                     (
                         SettleOp::Retry {

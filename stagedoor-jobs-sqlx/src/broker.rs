@@ -111,6 +111,8 @@ impl<DB: Database> SqlxBroker<DB> {
     /// (the worker's heartbeat); a row whose worker died is claimed again after it. After a
     /// connection error, rows whose lease ran out are reclaimed only once the broker has been
     /// talking to the database without one for a whole lease (their owners renew first).
+    /// A service refuses to start with a lease below [`MIN_LEASE`](stagedoor_jobs::broker::MIN_LEASE)
+    /// (100 ms) or above [`MAX_LEASE`](stagedoor_jobs::broker::MAX_LEASE) (one day).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self

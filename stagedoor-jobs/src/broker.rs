@@ -38,6 +38,39 @@ pub const MAX_ATTEMPT: u32 = 32_767;
 /// killed with jobs in hand gives them back within about 3 s.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(3);
 
+/// The shortest lease a service starts with: 100 ms. A shorter one (zero) would have a job
+/// claimed again while its handler runs, and run twice.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// The longest lease a service starts with: one day. The runtime renews a lease every third of
+/// it, so a long handler needs no long lease; a longer one would keep the jobs of a worker that
+/// died from running again for that long.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The longest queue (or dead letter) name, in bytes: 200.
+pub const MAX_QUEUE_NAME_LEN: usize = 200;
+
+/// What is wrong with `queue` as a queue or dead letter name on any backend, with the fix: an
+/// empty name, a NUL, or a name longer than [`MAX_QUEUE_NAME_LEN`] bytes.
+/// [`Broker::queue_name_problem`] adds what a backend refuses besides.
+pub fn queue_name_problem(queue: &str) -> Option<String> {
+    if queue.is_empty() {
+        Some("the queue name is empty: name the queue, such as `emails`".to_owned())
+    } else if queue.contains('\0') {
+        Some(format!(
+            "the queue name {queue:?} holds a NUL character, which backends cannot store: remove it"
+        ))
+    } else if queue.len() > MAX_QUEUE_NAME_LEN {
+        Some(format!(
+            "the queue name `{}…` is {} bytes long, more than the {MAX_QUEUE_NAME_LEN} a queue name may have (stagedoor_jobs::broker::MAX_QUEUE_NAME_LEN): shorten it",
+            queue.chars().take(40).collect::<String>(),
+            queue.len()
+        ))
+    } else {
+        None
+    }
+}
+
 /// An error of a broker: the server could not be reached, a statement failed, a stored entry
 /// is malformed.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -68,6 +101,10 @@ pub enum BrokerError {
     /// Anything else the backend reported.
     #[error("{0}")]
     Backend(String),
+    /// The call was refused before it reached the backend: a value it cannot take (an empty
+    /// queue name). The message names the value and the fix.
+    #[error("refused: {0}")]
+    Invalid(String),
 }
 
 impl BrokerError {
@@ -450,7 +487,7 @@ pub trait Locks: Inspect {
 /// `lease`: ten leases, at least a minute. Its worker looks every third of its lease, so this
 /// is many looks; a job republished under the same id within it is cancelled too.
 pub fn cancel_mark_ttl(lease: Duration) -> Duration {
-    (lease * 10).max(Duration::from_secs(60))
+    lease.saturating_mul(10).max(Duration::from_secs(60))
 }
 
 /// What [`DeadLetters::cancel`] found.
@@ -633,8 +670,17 @@ pub trait Broker: DeadLetters + Locks + Activity {
     }
 
     /// How long a claim holds a job; the runtime renews a held delivery every third of it. The
-    /// backends here default to [`DEFAULT_LEASE`].
+    /// backends here default to [`DEFAULT_LEASE`]. A service refuses to start with a lease
+    /// below [`MIN_LEASE`] or above [`MAX_LEASE`].
     fn lease(&self) -> Duration;
+
+    /// What is wrong with `queue` as a queue or dead letter name on this backend, with the
+    /// fix; `None` for a name it takes. The service refuses to start with a mount on such a
+    /// queue, and [`Publish`] refuses to publish to one ([`BrokerError::Invalid`]). The
+    /// default refuses what no backend takes ([`queue_name_problem`]).
+    fn queue_name_problem(&self, queue: &str) -> Option<String> {
+        queue_name_problem(queue)
+    }
 
     /// The backend's clock now (Redis `TIME`, Postgres `now()`), or `None` for a backend that
     /// keeps no clock of its own. The runtime measures the broker's [`clock`](Broker::clock)
@@ -679,26 +725,129 @@ pub async fn release_unique<B: Broker>(
     Ok(())
 }
 
-/// `url` with its password masked, for messages and logs: `postgres://app:***@db/app`,
-/// `redis://***@h/` for a token alone; several URLs separated by commas each masked.
+/// `url` with every password masked, for messages and logs: the user-info's
+/// (`postgres://app:***@db/app`, `redis://***@h/` for a Redis token alone) and the value of
+/// each query parameter that carries a secret (`?password=***`, `sslpassword`, any case or
+/// position, its name percent-encoded or not: every name holding `pass`, `pwd`, `secret` or
+/// `token`); several URLs separated by commas each masked.
 pub fn mask_url(url: &str) -> String {
-    url.split(',')
-        .map(|u| match (u.find("://"), u.rfind('@')) {
-            (Some(s), Some(at)) if at > s => {
-                let creds = &u[s + 3..at];
-                match creds.find(':') {
-                    Some(c) => format!("{}{}:***{}", &u[..s + 3], &creds[..c], &u[at..]),
-                    None if u.starts_with("redis") => format!("{}***{}", &u[..s + 3], &u[at..]),
-                    None => u.to_owned(),
-                }
-            }
-            _ => u.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
+    // A comma starts another URL only where a scheme follows it: a comma inside a password or
+    // a parameter's value stays in its URL (and is masked with it).
+    let mut out = String::with_capacity(url.len());
+    let mut start = 0;
+    for (i, _) in url.match_indices(',') {
+        if i < start || !starts_with_scheme(url[i + 1..].trim_start()) {
+            continue;
+        }
+        out.push_str(&mask_one(&url[start..i]));
+        out.push(',');
+        start = i + 1;
+    }
+    out.push_str(&mask_one(&url[start..]));
+    out
 }
 
-pub use crate::clock::chrono_duration;
+/// Whether `s` begins with `scheme://`.
+fn starts_with_scheme(s: &str) -> bool {
+    let Some(end) = s.find("://") else {
+        return false;
+    };
+    let scheme = &s[..end];
+    scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-'))
+}
+
+/// One URL masked (see [`mask_url`]).
+fn mask_one(u: &str) -> String {
+    let mut out = String::with_capacity(u.len());
+    let mut rest = u;
+    if let Some(s) = u.find("://") {
+        let after = &u[s + 3..];
+        // The user-info ends at the last `@` before the query; with none there, at the last
+        // `@` at all (a password holding `?`): masking too much never shows a secret.
+        let query = after.find(['?', '#']).unwrap_or(after.len());
+        let at = after[..query].rfind('@').or_else(|| after.rfind('@'));
+        out.push_str(&u[..s + 3]);
+        rest = after;
+        if let Some(at) = at {
+            let creds = &after[..at];
+            match creds.find(':') {
+                Some(c) => {
+                    out.push_str(&creds[..c]);
+                    out.push_str(":***");
+                }
+                None if u.starts_with("redis") || u.starts_with("unix") => out.push_str("***"),
+                None => out.push_str(creds),
+            }
+            rest = &after[at..];
+        }
+    }
+    // Every `name=value` after a `?`, `&` or `;`: a secret's value masked.
+    let Some(q) = rest.find('?') else {
+        out.push_str(rest);
+        return out;
+    };
+    out.push_str(&rest[..=q]);
+    let (query, fragment) = match rest[q + 1..].find('#') {
+        Some(f) => rest[q + 1..].split_at(f),
+        None => (&rest[q + 1..], ""),
+    };
+    let mut params = query;
+    loop {
+        let end = params.find(['&', ';']).unwrap_or(params.len());
+        let param = &params[..end];
+        match param.split_once('=') {
+            Some((name, _)) if is_secret_name(name) => {
+                out.push_str(name);
+                out.push_str("=***");
+            }
+            _ => out.push_str(param),
+        }
+        if end == params.len() {
+            break;
+        }
+        out.push_str(&params[end..=end]); // the separator
+        params = &params[end + 1..];
+    }
+    out.push_str(fragment);
+    out
+}
+
+/// Whether a query parameter's name (percent-decoded, in any case) names a secret.
+fn is_secret_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied(),
+            bytes.get(i + 2).copied(),
+        ) {
+            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
+                decoded.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b'+', _, _) => {
+                decoded.push(b' ');
+                i += 1;
+            }
+            (b, _, _) => {
+                decoded.push(b);
+                i += 1;
+            }
+        }
+    }
+    let name = String::from_utf8_lossy(&decoded).to_ascii_lowercase();
+    ["pass", "pwd", "secret", "token"]
+        .iter()
+        .any(|s| name.contains(s))
+}
+
+pub use crate::clock::{chrono_duration, later};
 
 /// A derived job id for a schedule tick, so a duplicate enqueue of the tick is recognised.
 pub fn tick_job_id(schedule: &str, tick: DateTime<Utc>) -> JobId {
@@ -725,18 +874,24 @@ type Batch = Vec<(Envelope, Option<DateTime<Utc>>)>;
 /// ```
 pub trait Publish: Broker {
     /// Publishes one job now, at its time or after its delay; returns its id as stored and
-    /// whether it was stored (see [`Published`]).
+    /// whether it was stored (see [`Published`]). A queue name the backend cannot take
+    /// ([`Broker::queue_name_problem`]) is refused with [`BrokerError::Invalid`].
     fn publish_job(
         &self,
         job: crate::Job,
     ) -> impl Future<Output = Result<Published, BrokerError>> + Send {
         async move {
+            if let Some(p) = self.queue_name_problem(job.queue()) {
+                return Err(BrokerError::Invalid(p));
+            }
             let now = self.clock().now();
             let (queue, envelope, at) = job.into_parts(now);
             if let Some((key, window)) = crate::envelope::unique_of(envelope.headers()) {
                 let guard = crate::envelope::unique_guard(&queue, key);
                 let delay = at.and_then(|a| (a - now).to_std().ok()).unwrap_or_default();
-                let ttl = window + crate::envelope::UNIQUE_PENDING_MAX + delay;
+                let ttl = window
+                    .saturating_add(crate::envelope::UNIQUE_PENDING_MAX)
+                    .saturating_add(delay);
                 return self.publish_once(&queue, (envelope, at), &guard, ttl).await;
             }
             let id = envelope.id().clone();
@@ -758,6 +913,8 @@ pub trait Publish: Broker {
     /// batch, is not). Jobs of several queues are grouped by queue, in order of first
     /// appearance. Unique jobs ([`Job::unique`](crate::Job::unique)) are published one at a
     /// time after the batches, each with its key in one step (not all or none with the rest).
+    /// A queue name the backend cannot take ([`Broker::queue_name_problem`]) refuses the whole
+    /// call with [`BrokerError::Invalid`], before anything is stored.
     fn publish_jobs<I>(
         &self,
         jobs: I,
@@ -766,6 +923,10 @@ pub trait Publish: Broker {
         I: IntoIterator<Item = crate::Job>,
     {
         let now = self.clock().now();
+        let jobs: Vec<crate::Job> = jobs.into_iter().collect();
+        // A queue name the backend cannot take refuses the whole call, before anything is
+        // stored.
+        let refused = jobs.iter().find_map(|j| self.queue_name_problem(j.queue()));
         // For each job: its queue's batch and its place in that batch.
         let mut places = Vec::new();
         let mut by_queue: Vec<(String, Batch)> = Vec::new();
@@ -788,6 +949,9 @@ pub trait Publish: Broker {
             by_queue[b].1.push((envelope, at));
         }
         async move {
+            if let Some(p) = refused {
+                return Err(BrokerError::Invalid(p));
+            }
             let mut reports = Vec::with_capacity(by_queue.len());
             for (queue, batch) in by_queue {
                 let n = batch.len();
@@ -841,5 +1005,62 @@ mod tests {
             mask_url("redis://:a@h:1/,redis://:b@h:2/"),
             "redis://:***@h:1/,redis://:***@h:2/"
         );
+    }
+
+    /// Every password a URL can carry is masked, wherever it sits; the rest is kept.
+    #[test]
+    fn masks_every_password() {
+        let cases = [
+            (
+                "postgres://u@host/db?password=secret",
+                "postgres://u@host/db?password=***",
+            ),
+            (
+                "postgres://u@host/db?sslmode=require&PASSWORD=secret&x=1",
+                "postgres://u@host/db?sslmode=require&PASSWORD=***&x=1",
+            ),
+            (
+                "postgres://u@host/db?Password=secret#frag",
+                "postgres://u@host/db?Password=***#frag",
+            ),
+            (
+                "postgres://u@host/db?sslpassword=secret&password=secret",
+                "postgres://u@host/db?sslpassword=***&password=***",
+            ),
+            (
+                "postgres://u@host/db?%70assword=secret",
+                "postgres://u@host/db?%70assword=***",
+            ),
+            (
+                "postgres://u@host/db?PASS%57ORD=secret;a=b",
+                "postgres://u@host/db?PASS%57ORD=***;a=b",
+            ),
+            (
+                "postgres://u:secret@host/db?password=secret",
+                "postgres://u:***@host/db?password=***",
+            ),
+            (
+                "postgres://u:se@cret@host/db?application_name=me",
+                "postgres://u:***@host/db?application_name=me",
+            ),
+            ("postgres://u:se?cret@host/db", "postgres://u:***@host/db"),
+            (
+                "postgres://u@host/db?password=se,cret",
+                "postgres://u@host/db?password=***",
+            ),
+            (
+                "redis://:a,b@h:1/,redis://h:2/?password=secret",
+                "redis://:***@h:1/,redis://h:2/?password=***",
+            ),
+            ("sqlite://mail.db?mode=rwc", "sqlite://mail.db?mode=rwc"),
+        ];
+        for (url, masked) in cases {
+            let got = mask_url(url);
+            assert_eq!(got, masked, "{url}");
+            assert!(
+                !got.contains("secret") && !got.contains("cret"),
+                "{url}: {got}"
+            );
+        }
     }
 }

@@ -14,10 +14,24 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
-/// A `std` duration as a `chrono` one, saturating (a delay too long for chrono is "never").
+/// A `std` duration as a `chrono` one, kept at [`MAX_DELAY`]: no delay, lease or time to live
+/// the runtime and the backends keep is longer, so adding one to a time never overflows.
 pub fn chrono_duration(d: Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+    chrono::Duration::from_std(d.min(MAX_DELAY)).unwrap_or(chrono::Duration::MAX)
 }
+
+/// `t` plus `d`, with `d` kept at [`MAX_DELAY`]: never an overflow (a time past the latest one
+/// chrono holds is that latest time).
+pub fn later(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    t.checked_add_signed(chrono_duration(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// The longest delay a job is kept for: ten years (3,650 days). A longer one (a handler's
+/// [`retry_after`](crate::HandlerOutcome::retry_after), [`Job::after`](crate::Job::after), a
+/// [`Job::at`](crate::Job::at) further ahead, say a delay read from an upstream's
+/// `Retry-After`) is kept at this bound, on every backend.
+pub const MAX_DELAY: Duration = Duration::from_secs(3650 * 24 * 60 * 60);
 
 /// How often the runtime measures a broker's clock against the backend's.
 pub const SYNC_EVERY: Duration = Duration::from_secs(30);
@@ -141,9 +155,9 @@ impl Clock {
         }
     }
 
-    /// Moves a manual clock forward by `d`.
+    /// Moves a manual clock forward by `d` (at most [`MAX_DELAY`]).
     pub fn advance(&self, d: std::time::Duration) {
-        let t = self.now() + chrono_duration(d);
+        let t = later(self.now(), d);
         self.set(t);
     }
 

@@ -245,12 +245,14 @@ pub enum RunAt {
 }
 
 impl RunAt {
-    /// The due time given the broker's `now`, or `None` for at once.
+    /// The due time given the broker's `now`, or `None` for at once. A due time later than
+    /// [`MAX_DELAY`](crate::MAX_DELAY) from `now` is `now + MAX_DELAY`.
     pub fn resolve(self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        let latest = crate::clock::later(now, crate::clock::MAX_DELAY);
         match self {
             RunAt::Now => None,
-            RunAt::After(d) => Some(now + crate::clock::chrono_duration(d)),
-            RunAt::At(t) => Some(t),
+            RunAt::After(d) => Some(crate::clock::later(now, d)),
+            RunAt::At(t) => Some(t.min(latest)),
         }
     }
 }
@@ -330,12 +332,14 @@ impl Job {
         self.envelope.id = id;
         self
     }
-    /// Runs the job no earlier than `delay` after it is published.
+    /// Runs the job no earlier than `delay` after it is published. A delay longer than
+    /// [`MAX_DELAY`](crate::MAX_DELAY) (ten years) is kept at it.
     pub fn after(mut self, delay: Duration) -> Self {
         self.run_at = RunAt::After(delay);
         self
     }
-    /// Runs the job no earlier than `at`.
+    /// Runs the job no earlier than `at`. A time further ahead than
+    /// [`MAX_DELAY`](crate::MAX_DELAY) (ten years) from its publish is kept at that bound.
     pub fn at(mut self, at: DateTime<Utc>) -> Self {
         self.run_at = RunAt::At(at);
         self
@@ -348,6 +352,8 @@ impl Job {
     /// and is retried keeps its key. The window starts at the settlement; a job that
     /// disappears without one (a row deleted by hand) holds its key at most
     /// [`UNIQUE_PENDING_MAX`] beyond its delay and window.
+    ///
+    /// A window longer than [`MAX_DELAY`](crate::MAX_DELAY) (ten years) is kept at it.
     ///
     /// The key travels in the job's headers ([`UNIQUE_HEADER`]); a SQL table without a headers
     /// column cannot carry it, so there the window starts with the hold above.
@@ -422,6 +428,9 @@ impl Job {
                 let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
                 format!("{}:{hex}", self.envelope.kind)
             });
+            // Kept at MAX_DELAY, so that it fits the header's number (2^64 ms did not, and the
+            // job was silently not unique).
+            let window = window.min(crate::clock::MAX_DELAY);
             self.envelope.headers.extra.insert(
                 UNIQUE_HEADER.to_owned(),
                 format!("{} {key}", window.as_millis()),

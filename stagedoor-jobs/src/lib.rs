@@ -110,7 +110,7 @@ pub use broker::{
     Activity, Broker, BrokerError, Cancelled, DeadLetter, DeadLetters, DeadSelector, Inspect,
     Locks, Permits, Publish, Published, QueueStats, ReplayReport,
 };
-pub use clock::{Clock, SYNC_EVERY};
+pub use clock::{Clock, MAX_DELAY, SYNC_EVERY};
 pub use envelope::{
     Envelope, FAIR_CLAIM_EVERY, Headers, Job, JobId, Priority, RunAt, UNIQUE_HEADER,
     UNIQUE_PENDING_MAX,

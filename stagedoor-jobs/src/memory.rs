@@ -18,7 +18,7 @@ use crate::broker::{
     Problem, Published, QueueStats, ReplayReport, Settled, Settlement,
 };
 use crate::broker::{DeadLetters, Inspect, Locks};
-use crate::clock::{Clock, chrono_duration};
+use crate::clock::{Clock, chrono_duration, later};
 use crate::envelope::{Envelope, JobId};
 use crate::outcome::Failure;
 
@@ -107,7 +107,9 @@ impl MemoryBroker {
         Self::with_lease(crate::broker::DEFAULT_LEASE)
     }
 
-    /// A broker whose claims hold a job for `lease`.
+    /// A broker whose claims hold a job for `lease`. A service refuses to start with a lease
+    /// below [`MIN_LEASE`](crate::broker::MIN_LEASE) (100 ms) or above
+    /// [`MAX_LEASE`](crate::broker::MAX_LEASE) (one day).
     pub fn with_lease(lease: Duration) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -187,7 +189,7 @@ impl MemoryBroker {
                 token,
                 Running {
                     stored,
-                    lease_until: now + crate::broker::chrono_duration(self.inner.lease),
+                    lease_until: later(now, self.inner.lease),
                 },
             );
         }
@@ -409,10 +411,8 @@ impl Activity for MemoryBroker {
     ) -> Result<(), BrokerError> {
         let now = self.now();
         let mut mem = self.mem();
-        mem.workers.insert(
-            worker.id.clone(),
-            (worker.clone(), now + chrono_duration(ttl)),
-        );
+        mem.workers
+            .insert(worker.id.clone(), (worker.clone(), later(now, ttl)));
         let keep_from = now - chrono_duration(COUNTS_KEPT);
         for q in counts {
             let minutes = mem.minutes.entry(q.queue.clone()).or_default();
@@ -491,10 +491,8 @@ impl Locks for MemoryBroker {
             Some((_, until)) if *until > now => Ok(false),
             _ => {
                 mem.locks.retain(|_, (_, until)| *until > now);
-                mem.locks.insert(
-                    key.to_owned(),
-                    (token.to_owned(), now + crate::broker::chrono_duration(ttl)),
-                );
+                mem.locks
+                    .insert(key.to_owned(), (token.to_owned(), later(now, ttl)));
                 Ok(true)
             }
         }
@@ -532,7 +530,7 @@ impl Locks for MemoryBroker {
         pool.retain(|_, until| *until > now);
         let free = (limit as usize).saturating_sub(pool.len());
         let taken = free.min(tokens.len());
-        let until = now + crate::broker::chrono_duration(ttl);
+        let until = later(now, ttl);
         for t in &tokens[..taken] {
             pool.insert(t.clone(), until);
         }
@@ -553,7 +551,7 @@ impl Locks for MemoryBroker {
         ttl: Duration,
     ) -> Result<usize, BrokerError> {
         let now = self.now();
-        let until = now + crate::broker::chrono_duration(ttl);
+        let until = later(now, ttl);
         let mut mem = self.mem();
         let Some(pool) = mem.permits.get_mut(key) else {
             return Ok(0);
@@ -640,7 +638,7 @@ impl Broker for MemoryBroker {
     }
 
     async fn renew(&self, queue: &str, receipt: &MemoryReceipt) -> Result<bool, BrokerError> {
-        let until = self.now() + crate::broker::chrono_duration(self.inner.lease);
+        let until = later(self.now(), self.inner.lease);
         let mut mem = self.mem();
         let r = mem
             .queues
@@ -679,8 +677,7 @@ impl Broker for MemoryBroker {
                 }
                 Settlement::Retry { delay, .. } => {
                     *seq += 1;
-                    q.waiting
-                        .insert((now + crate::broker::chrono_duration(delay), *seq), stored);
+                    q.waiting.insert((later(now, delay), *seq), stored);
                 }
                 Settlement::DeadLetter { target, failure } => {
                     q.ids.remove(stored.envelope.id());
@@ -734,10 +731,8 @@ impl Broker for MemoryBroker {
                 return Ok(Published::already_there(JobId::from_string(holder.clone())));
             }
             mem.locks.retain(|_, (_, until)| *until > now);
-            mem.locks.insert(
-                guard.to_owned(),
-                (id.to_string(), now + crate::broker::chrono_duration(ttl)),
-            );
+            mem.locks
+                .insert(guard.to_owned(), (id.to_string(), later(now, ttl)));
             store(&mut mem, queue, vec![job], now)
         };
         self.inner.changed.notify_waiters();
@@ -758,7 +753,7 @@ impl Broker for MemoryBroker {
         let mut mem = self.mem();
         match mem.locks.get_mut(guard) {
             Some((holder, until)) if holder == job_id.as_str() && *until > now => {
-                *until = now + crate::broker::chrono_duration(ttl);
+                *until = later(now, ttl);
                 Ok(true)
             }
             _ => Ok(false),

@@ -19,6 +19,11 @@
 //! | `stagedoor_jobs_queue_healthy` | gauge (1 claiming, 0 not: failed claims, restarting, stopped) | queue |
 //! | `stagedoor_jobs_task_restarts_total` | counter | task (`claim:<queue>`, `monitor`, `scheduler`, a backend's task) |
 //!
+//! A `kind` label is bounded, whoever wrote the entries: a kind a mount of the queue names
+//! keeps its name; a kind no mount handles (dead-lettered unrun) is `unknown`; a kind run by
+//! a mount for every kind keeps its name among the first 100 kinds the queue's worker labelled,
+//! and is `other` past them.
+//!
 //! The same health, per queue and task, is on [`Running::health`](crate::Running::health).
 
 use std::collections::HashMap;

@@ -41,7 +41,9 @@ impl HandlerOutcome {
         Self(Outcome::Retry)
     }
     /// A failed attempt: the job comes back no earlier than now + `delay`, whatever the mount's
-    /// backoff says. The delay is stored with the job, so it survives a restart.
+    /// backoff says. The delay is stored with the job, so it survives a restart. A delay
+    /// longer than [`MAX_DELAY`](crate::MAX_DELAY) (ten years; `Duration::MAX`, or one read
+    /// from an upstream's `Retry-After`) is kept at it.
     pub const fn retry_after(delay: Duration) -> Self {
         Self(Outcome::RetryAfter(delay))
     }

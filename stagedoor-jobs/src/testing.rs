@@ -416,7 +416,7 @@ impl TestApp {
             self.drain().await;
             return;
         }
-        let target = self.clock.now() + crate::broker::chrono_duration(d);
+        let target = crate::clock::later(self.clock.now(), d);
         loop {
             self.scheduler_caught_up().await;
             self.drain().await;

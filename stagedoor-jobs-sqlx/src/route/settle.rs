@@ -57,7 +57,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 let due = if delay.is_zero() {
                     now - BACKDATE
                 } else {
-                    now + stagedoor_jobs::broker::chrono_duration(delay)
+                    stagedoor_jobs::broker::later(now, delay)
                 };
                 if batched {
                     Op::Retry {

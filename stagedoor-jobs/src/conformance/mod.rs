@@ -62,11 +62,14 @@
 //!   and a replay; no level starved;
 //! - `unique.rs`: unique jobs, their window, racing publishes, keys by payload;
 //! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
+//! - `bounds.rs`: values at their bounds: delays past `MAX_DELAY`, leases, queue names,
+//!   unique windows;
 //! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
 //! - `fixture.rs`: [`Fixture`], what a backend provides to run the suite.
 //! - `support.rs`: what the rows share (timings, the test job, the probe, the handlers).
 
 mod activity;
+mod bounds;
 mod cancel;
 mod caps_and_dead_letters;
 mod crash_and_lease;
@@ -83,6 +86,12 @@ mod unique;
 pub use activity::{
     delayed_lists_future_jobs_soonest_first, reported_counts_add_up_per_queue_and_minute,
     worker_report_not_renewed_within_its_ttl_is_gone, worker_reports_are_listed_and_replaced,
+};
+pub use bounds::{
+    a_bad_queue_name_is_refused_at_startup_and_at_publish,
+    a_huge_delay_is_published_at_the_longest_delay,
+    a_huge_retry_after_is_kept_at_the_longest_delay, a_lease_out_of_bounds_is_refused_at_startup,
+    a_unique_window_past_the_bound_keeps_the_job_unique,
 };
 pub use cancel::{
     cancel_of_a_running_job_fires_its_cancellation, cancel_removes_waiting_and_delayed_jobs,
@@ -222,6 +231,11 @@ macro_rules! conformance_tests {
             cancel_of_a_running_job_fires_its_cancellation
             priority_claims_higher_first_and_fifo_among_equals
             no_priority_starves_under_a_flood_of_higher_ones
+            a_huge_retry_after_is_kept_at_the_longest_delay
+            a_huge_delay_is_published_at_the_longest_delay
+            a_lease_out_of_bounds_is_refused_at_startup
+            a_bad_queue_name_is_refused_at_startup_and_at_publish
+            a_unique_window_past_the_bound_keeps_the_job_unique
         );
     };
     ($fixture:expr $(,)?) => {

@@ -27,6 +27,20 @@ impl<B: Broker> Worker<B> {
         Some(&self.mounts[i])
     }
 
+    /// The `kind` label of `kind` in the metrics: the kind a mount names; a kind no mount
+    /// handles is [`UNKNOWN_KIND_LABEL`](crate::counters::UNKNOWN_KIND_LABEL), and one the mount
+    /// for every kind runs keeps its name among the queue's first
+    /// [`KIND_LABELS_MAX`](crate::counters::KIND_LABELS_MAX) (see `KindLabels`).
+    pub(super) fn kind_label<'a>(&self, kind: &'a str) -> &'a str {
+        if self.queue.by_kind.contains_key(kind) {
+            kind
+        } else if self.queue.every_kind.is_some() {
+            self.queue.kind_labels.label(kind)
+        } else {
+            crate::counters::UNKNOWN_KIND_LABEL
+        }
+    }
+
     pub(super) async fn process(&self, delivery: Delivery<B::Receipt>, cancel: Cancellation) {
         let env = &delivery.envelope;
         let span = tracing::info_span!(
@@ -103,7 +117,11 @@ impl<B: Broker> Worker<B> {
                         String::new(),
                     )),
                 };
-                crate::counters::handler_duration(&self.queue.name, env.kind(), started.elapsed());
+                crate::counters::handler_duration(
+                    &self.queue.name,
+                    self.kind_label(env.kind()),
+                    started.elapsed(),
+                );
                 Some(ran)
             };
             let ran = self.with_renewal(&delivery, run).await;
@@ -165,7 +183,8 @@ impl<B: Broker> Worker<B> {
             _ => {
                 let asked = after.unwrap_or_else(|| spec.backoff.delay(env.attempt()));
                 let delay =
-                    crate::backoff::retry_delay(spec.max_attempts.is_some(), asked, env.attempt());
+                    crate::backoff::retry_delay(spec.max_attempts.is_some(), asked, env.attempt())
+                        .min(crate::clock::MAX_DELAY);
                 tracing::warn!(error = %failure.error, cause = %failure.cause, "attempt {} failed: retry in {delay:?}", env.attempt());
                 Settlement::Retry { delay, failure }
             }

@@ -29,6 +29,8 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
     fn backend(&self) -> &'static str;
     fn mounts(&self) -> &[MountSpec];
     fn default_dead_letter(&self, queue: &str) -> String;
+    fn lease(&self) -> Duration;
+    fn queue_name_problem(&self, queue: &str) -> Option<String>;
     fn use_clock(&self, clock: &Clock) -> bool;
     fn connect(&self) -> BoxFuture<'_, Result<(), BrokerError>>;
     fn check(&self) -> BoxFuture<'_, Vec<Problem>>;
@@ -124,6 +126,12 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
     fn default_dead_letter(&self, queue: &str) -> String {
         self.broker.default_dead_letter(queue)
     }
+    fn lease(&self) -> Duration {
+        self.broker.lease()
+    }
+    fn queue_name_problem(&self, queue: &str) -> Option<String> {
+        self.broker.queue_name_problem(queue)
+    }
     fn use_clock(&self, clock: &Clock) -> bool {
         self.broker.use_clock(clock)
     }
@@ -211,6 +219,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                             by_kind: HashMap::new(),
                             every_kind: None,
                             slots: 0,
+                            kind_labels: Arc::default(),
                         });
                         queues.last_mut().expect("just pushed")
                     }
@@ -277,6 +286,9 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<crate::broker::Published, BrokerError>> {
         Box::pin(async move {
+            if let Some(p) = self.broker.queue_name_problem(job.queue()) {
+                return Err(BrokerError::Invalid(p));
+            }
             let (queue, envelope, at) = job.into_parts(self.broker.clock().now());
             self.broker
                 .publish_once(&queue, (envelope, at), guard, ttl)

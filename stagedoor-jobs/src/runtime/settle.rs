@@ -118,7 +118,11 @@ impl<B: Broker> Worker<B> {
                     if failures > 0 {
                         tracing::info!("settled after {failures} failed tries");
                     }
-                    crate::counters::count(&self.queue.name, delivery.envelope.kind(), &settlement);
+                    crate::counters::count(
+                        &self.queue.name,
+                        self.kind_label(delivery.envelope.kind()),
+                        &settlement,
+                    );
                     if !matches!(settlement, Settlement::Retry { .. }) {
                         self.finish_unique(&delivery.envelope).await;
                     }

@@ -41,6 +41,8 @@ pub(super) struct QueueRt {
     pub(super) by_kind: HashMap<String, usize>,
     pub(super) every_kind: Option<usize>,
     pub(super) slots: usize,
+    /// The kinds the mount for every kind labelled in the metrics.
+    pub(super) kind_labels: Arc<crate::counters::KindLabels>,
 }
 
 /// Counts one delivery out of the service's in-flight count, and its queue's, when dropped
@@ -213,7 +215,7 @@ impl<B: Broker> Worker<B> {
                         drop(permits);
                         let until = full
                             .next_free
-                            .map(|d| self.broker.clock().now() + crate::clock::chrono_duration(d));
+                            .map(|d| crate::clock::later(self.broker.clock().now(), d));
                         self.ctx
                             .held_back
                             .set(&self.queue.name, self.held_id, until);

@@ -11,7 +11,7 @@ use super::builder::Service;
 use super::error::ServiceError;
 use super::running::{Running, sync_clocks};
 use crate::backoff::{Backoff, UNCAPPED_FLOOR};
-use crate::broker::{MAX_ATTEMPT, Problem};
+use crate::broker::{MAX_ATTEMPT, MAX_LEASE, MIN_LEASE, Problem};
 use crate::health::Board;
 use crate::monitor;
 use crate::mount::OnDecodeError;
@@ -28,6 +28,16 @@ impl Service {
         let mut seen: Vec<(usize, &str, Option<&str>, &str)> = Vec::new();
         let mut reported_limits: Vec<(usize, &str)> = Vec::new();
         for (r, route) in self.routes.iter().enumerate() {
+            let lease = route.lease();
+            if !(MIN_LEASE..=MAX_LEASE).contains(&lease) {
+                problems.push(Problem {
+                    mount: "*".to_owned(),
+                    message: format!(
+                        "the {} broker's lease is {lease:?}, outside {MIN_LEASE:?} (MIN_LEASE) to {MAX_LEASE:?} (MAX_LEASE): a shorter one has a job claimed again while its handler runs, a longer one holds a dead worker's jobs that long (the runtime renews a lease every third of it, so a long handler needs no long lease): set `.lease(Duration::from_secs(3))`, the default",
+                        route.backend()
+                    ),
+                });
+            }
             for m in route.mounts() {
                 let who = format!("mount `{}` on queue `{}`", m.subscriber, m.queue);
                 let mut add = |message: String| {
@@ -36,6 +46,16 @@ impl Service {
                         message,
                     })
                 };
+                if let Some(p) = route.queue_name_problem(&m.queue) {
+                    add(p);
+                }
+                if let Some(p) = m
+                    .dead_letter
+                    .as_deref()
+                    .and_then(|d| route.queue_name_problem(d))
+                {
+                    add(format!("its dead letter: {p}"));
+                }
                 match (&m.max_attempts, &m.dead_letter) {
                     (Some(n), None) => add(format!(
                         "max_attempts({n}) is declared without a dead letter, so a job failing its last attempt would have nowhere to go: add `.dead_letter(\"{}\")`",
