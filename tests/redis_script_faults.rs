@@ -713,3 +713,114 @@ async fn big_jobs_are_reclaimed_and_dead_lettered() {
         assert!(f.len() > MANY, "every field kept: {}", f.len());
     }
 }
+
+/// Adds a big job by hand (no script: `XADD` takes any number of fields) to `key`, with
+/// `extra` fields after the job's own.
+async fn xadd_big(fx: &Fx, key: &str, id: &str, extra: &[(&str, &str)]) {
+    let mut add = cmd("XADD");
+    add.arg(key)
+        .arg("*")
+        .arg("kind")
+        .arg(KIND)
+        .arg("job_id")
+        .arg(id)
+        .arg("payload")
+        .arg(format!("{{\"job\":\"{id}\"}}"));
+    for i in 0..MANY {
+        add.arg(format!("h.n{i:05}")).arg(format!("v{i}"));
+    }
+    for (k, v) in extra {
+        add.arg(*k).arg(*v);
+    }
+    let _: String = fx.q(&add).await;
+}
+
+/// Each path a big job takes, by itself (the test above stops at its first failure): a
+/// big entry added by hand is retried now, retried later (the delayed set and the mover) and
+/// dead-lettered; a big dead letter is replayed; a big delayed job is moved. Each failed on
+/// Lua's `unpack` limit before.
+async fn a_big_entry_takes(path: &str) {
+    let fx = Fx::new(On::Standalone).await;
+    let fail = || Failure::new(FailureCause::Error, "again", "");
+    match path {
+        "replay" => {
+            xadd_big(&fx, &fx.key(":dead"), "big", &[("origin", QUEUE)]).await;
+            let r = fx
+                .broker
+                .replay(DEAD, &DeadSelector::All)
+                .await
+                .expect("replay");
+            assert_eq!((r.replayed, r.failed), (1, 0), "{r:?}");
+        }
+        "delayed" => {
+            assert!(
+                fx.publish(big("big"), Some(Duration::from_millis(100)))
+                    .await
+                    .expect("publish delayed")
+            );
+        }
+        _ => {
+            xadd_big(&fx, &fx.key(""), "big", &[]).await;
+            let got = fx.claim_n(1, Duration::from_secs(5)).await;
+            assert_big(&got[0], "big");
+            let s = match path {
+                "retry now" => Settlement::Retry {
+                    delay: Duration::ZERO,
+                    failure: fail(),
+                },
+                "retry later" => Settlement::Retry {
+                    delay: Duration::from_millis(100),
+                    failure: fail(),
+                },
+                _ => Settlement::DeadLetter {
+                    target: DEAD.to_owned(),
+                    failure: fail(),
+                },
+            };
+            assert_eq!(
+                fx.broker.settle(QUEUE, &got[0], s).await.expect(path),
+                Settled::Done,
+                "{path}"
+            );
+            if path == "dead letter" {
+                let dead = fx.dead().await;
+                assert_eq!(dead.len(), 1);
+                assert!(dead[0].len() > MANY, "every field kept");
+                return;
+            }
+        }
+    }
+    let got = fx.claim_n(1, Duration::from_secs(5)).await;
+    assert_big(&got[0], "big");
+    fx.ack(&got[0]).await;
+}
+
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_is_retried_now() {
+    a_big_entry_takes("retry now").await;
+}
+
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_is_retried_later() {
+    a_big_entry_takes("retry later").await;
+}
+
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_entry_is_dead_lettered() {
+    a_big_entry_takes("dead letter").await;
+}
+
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_dead_letter_is_replayed() {
+    a_big_entry_takes("replay").await;
+}
+
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_delayed_job_is_moved() {
+    a_big_entry_takes("delayed").await;
+}
