@@ -824,3 +824,127 @@ async fn a_big_dead_letter_is_replayed() {
 async fn a_big_delayed_job_is_moved() {
     a_big_entry_takes("delayed").await;
 }
+
+/// The reclaim script, facing a dead stream of the wrong type, used to claim the idle entries
+/// (`XAUTOCLAIM`, their delivery counted) and then fail: every claim failed, and the entries
+/// stayed with this consumer, never delivered, a delivery spent. Now it fails before claiming
+/// anything, the claim goes on, and once the key is fixed the entry is reclaimed with the
+/// right count.
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_facing_a_dead_stream_of_the_wrong_type() {
+    logs();
+    let fx = Fx::new(On::Standalone).await;
+    assert!(fx.publish(job("orphan"), None).await.expect("publish"));
+    let got = fx.claim_n(1, Duration::from_secs(5)).await;
+    assert_eq!(ids(&got), ["orphan"]);
+    let dead = fx.key(":dead");
+    let _: () = fx.q(cmd("SET").arg(&dead).arg("oops")).await;
+    tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
+    let other = fx.other_broker(1).await;
+    let got = other
+        .claim(QUEUE, 10, Duration::from_millis(100))
+        .await
+        .unwrap_or_else(|e| panic!("the claim goes on: {e}"));
+    assert!(got.is_empty(), "{:?}", ids(&got));
+    let lines = logged(&dead);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("ERROR") && l.contains("DEL")),
+        "logged, naming the key and the fix: {lines:#?}"
+    );
+    let _: i64 = fx.q(cmd("DEL").arg(&dead)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while fx.dead().await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "dead-lettered");
+        let got = other
+            .claim(QUEUE, 10, Duration::from_millis(100))
+            .await
+            .expect("claim");
+        assert!(got.is_empty(), "{:?}", ids(&got));
+    }
+    let error = text(&fx.dead().await[0], "error");
+    assert!(
+        error.contains("delivered 2 times"),
+        "no delivery was spent by the failed reclaim: {error}"
+    );
+}
+
+/// A mover's lock of the wrong type (a hash) used to read as a lock held forever: no delayed
+/// job moved and nothing said why. Now the error is logged, naming the key.
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mover_lock_of_the_wrong_type_is_reported() {
+    logs();
+    let fx = Fx::new(On::Standalone).await;
+    let lock = fx.key(":mover");
+    let _: i64 = fx.q(cmd("HSET").arg(&lock).arg("a").arg("b")).await;
+    assert!(
+        fx.publish(job("later"), Some(Duration::from_millis(50)))
+            .await
+            .expect("publish")
+    );
+    assert!(fx.publish(job("now"), None).await.expect("publish"));
+    let got = fx.claim_n(1, Duration::from_secs(5)).await;
+    assert_eq!(ids(&got), ["now"]);
+    fx.ack(&got[0]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = fx
+        .broker
+        .claim(QUEUE, 10, Duration::from_millis(100))
+        .await
+        .expect("claim");
+    assert!(got.is_empty(), "the delayed job cannot move yet");
+    let lines = logged(&lock);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("ERROR") && l.contains("hash") && l.contains("DEL")),
+        "logged, naming the key, its type and the fix: {lines:#?}"
+    );
+    let _: i64 = fx.q(cmd("DEL").arg(&lock)).await;
+    let got = fx.claim_n(1, Duration::from_secs(5)).await;
+    assert_eq!(ids(&got), ["later"]);
+}
+
+/// Dead-lettering a malformed entry at claim time, facing an ids set of the wrong type, used
+/// to write the dead letter, acknowledge and delete the entry, then fail. Now it fails before
+/// writing anything, naming the key; once fixed, the entry is dead-lettered once.
+#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_claim_time_dead_letter_writes_nothing() {
+    let fx = Fx::new(On::Standalone).await;
+    let mut add = cmd("XADD");
+    add.arg(fx.key(""))
+        .arg("*")
+        .arg("job_id")
+        .arg("no-kind")
+        .arg("payload")
+        .arg("{}");
+    let _: String = fx.q(&add).await;
+    let ids_key = fx.key(":ids");
+    let _: () = fx.q(cmd("SET").arg(&ids_key).arg("oops")).await;
+    let e = fx
+        .broker
+        .claim(QUEUE, 10, Duration::from_millis(100))
+        .await
+        .expect_err("the dead letter fails");
+    assert!(fx.dead().await.is_empty(), "nothing was written: {e}");
+    assert!(e.to_string().contains(&ids_key), "names the key: {e}");
+    let _: i64 = fx.q(cmd("DEL").arg(&ids_key)).await;
+    tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while fx.dead().await.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "dead-lettered");
+        let got = fx
+            .broker
+            .claim(QUEUE, 10, Duration::from_millis(100))
+            .await
+            .expect("claim");
+        assert!(got.is_empty(), "{:?}", ids(&got));
+    }
+    let dead = fx.dead().await;
+    assert_eq!(dead.len(), 1, "once");
+    assert!(text(&dead[0], "error").contains("`kind`"));
+}
