@@ -19,6 +19,17 @@ use crate::value;
 /// Delayed jobs moved per script call.
 const MOVE_BATCH: usize = 100;
 
+/// What one run of the delayed mover did.
+#[derive(Debug, Default)]
+pub(crate) struct Moved {
+    /// When the next delayed job is due (`None`: none is).
+    pub(crate) next: Option<DateTime<Utc>>,
+    /// The levels other than normal it moved jobs to (bit `level + 2` each).
+    pub(crate) levels: u8,
+    /// Why members were left in the delayed set (a key of the wrong type in their way).
+    pub(crate) errors: Vec<String>,
+}
+
 impl RedisBroker {
     /// [`Broker::claim`](stagedoor_jobs::broker::Broker::claim) on Redis (the trait's impl
     /// in `broker.rs` calls this).
@@ -69,22 +80,56 @@ impl RedisBroker {
                     break;
                 }
                 let keys = self.keys_at(queue, *level);
-                out.extend(self.reclaim(&keys, *level, max - out.len()).await?);
+                match self.reclaim(&keys, *level, max - out.len()).await {
+                    Ok(got) => out.extend(got),
+                    // A key of the wrong type (the dead stream, the ids set): logged, and the
+                    // new entries are read all the same.
+                    Err(BrokerError::Backend(e)) => tracing::error!(
+                        queue,
+                        "reclaiming the entries idle past their lease failed: {e}; the new entries of `{queue}` are still claimed"
+                    ),
+                    Err(e) => return Err(e),
+                }
             }
         }
-        // Delayed jobs that are due, when the last look said one would be.
+        // Delayed jobs that are due, when the last look said one would be. The mover failing
+        // (a delayed set of the wrong type, a member it could not move) is logged and looked
+        // at again a second later; it never stops the claim of the entries already in the
+        // stream.
         if next_delayed.is_none_or(|t| now >= t) {
-            let (next, moved_to) = self.move_due(&self.cached_keys(queue)).await?;
-            // A delayed job moved to a level's stream that did not exist: read it from now.
-            if moved_to & !self.housekeeping(queue).levels != 0 {
-                levels = self.add_levels(queue, moved_to).await?;
+            let mut next = None;
+            let stuck;
+            match self.move_due(&self.cached_keys(queue)).await {
+                Ok(Moved {
+                    next: n,
+                    levels: moved_to,
+                    errors,
+                }) => {
+                    // A delayed job moved to a level's stream that did not exist: read it
+                    // from now.
+                    if moved_to & !self.housekeeping(queue).levels != 0 {
+                        levels = self.add_levels(queue, moved_to).await?;
+                    }
+                    next = n;
+                    for e in &errors {
+                        tracing::error!(queue, "the delayed mover could not move a job: {e}");
+                    }
+                    stuck = !errors.is_empty();
+                }
+                Err(e) => {
+                    tracing::error!(
+                        queue,
+                        "the delayed mover failed: {e}; no delayed job of `{queue}` moves until it is fixed (the jobs already in its stream are still claimed)"
+                    );
+                    stuck = true;
+                }
             }
             next_delayed = Some(match next {
-                Some(t) => {
+                Some(t) if !stuck => {
                     let d = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
                     now + d.min(Duration::from_secs(1))
                 }
-                None => now + Duration::from_secs(1),
+                _ => now + Duration::from_secs(1),
             });
         }
         let mut claims = 0;
@@ -381,13 +426,10 @@ impl RedisBroker {
             .cloned()
     }
 
-    /// Moves due delayed jobs to the stream under the mover's lock; returns when the next is due.
-    /// Returns when the next is due, and the levels other than normal it moved jobs to (bit
-    /// `level + 2` each).
-    pub(crate) async fn move_due(
-        &self,
-        keys: &Keys,
-    ) -> Result<(Option<DateTime<Utc>>, u8), BrokerError> {
+    /// Moves due delayed jobs to the stream under the mover's lock ([`scripts::MOVE_DUE`]):
+    /// when the next is due, the levels other than normal it moved jobs to, and the errors of
+    /// the members it left where they were.
+    pub(crate) async fn move_due(&self, keys: &Keys) -> Result<Moved, BrokerError> {
         let mut c = self.conn()?;
         let token = &self.inner.consumer;
         // Through a script, which a full server runs too (a plain `SET NX` it refuses): moving
@@ -402,32 +444,51 @@ impl RedisBroker {
             .map_err(|e| self.err(e))?;
         if got != 1 {
             // Another worker is moving; look again soon.
-            return Ok((Some(self.now() + chrono::Duration::milliseconds(250)), 0));
+            return Ok(Moved {
+                next: Some(self.now() + chrono::Duration::milliseconds(250)),
+                ..Moved::default()
+            });
         }
-        let mut levels = 0u8;
+        let mut out = Moved::default();
         let result = async {
             loop {
                 let mut call = scripts::MOVE_DUE.pick(self.allow_oom()).key(&keys.delayed);
                 for level in Priority::ALL.iter().rev() {
                     call.key(&keys.at(*level).stream);
                 }
+                let now = self.now();
                 let reply: Value = call
-                    .arg(ms(self.now()))
+                    .key(&keys.dead)
+                    .key(&keys.ids)
+                    .arg(ms(now))
                     .arg(MOVE_BATCH)
+                    .arg(now.to_rfc3339())
+                    .arg(&keys.name)
+                    .arg(DEAD_MAXLEN)
+                    .arg(scripts::LATEST_DUE_MS)
                     .invoke_async(&mut c)
                     .await
                     .map_err(|e| self.err(e))?;
                 let parts = value::array(&reply);
-                let moved = parts.first().and_then(value::int).unwrap_or(0);
                 let next = parts
                     .get(1)
                     .and_then(value::string)
                     .and_then(|s| s.parse::<f64>().ok());
                 let mask = parts.get(2).and_then(value::int).unwrap_or(0);
-                levels |= u8::try_from(mask & 0x1f).unwrap_or(0);
-                if moved < MOVE_BATCH as i64 {
-                    let next = next.and_then(|n| DateTime::<Utc>::from_timestamp_millis(n as i64));
-                    return Ok((next, levels));
+                out.levels |= u8::try_from(mask & 0x1f).unwrap_or(0);
+                self.note_trimmed(&keys.dead, parts.get(3).and_then(value::int).unwrap_or(0));
+                let more = parts.get(4).and_then(value::int) == Some(1);
+                out.errors.extend(
+                    parts
+                        .get(5)
+                        .map(value::array)
+                        .unwrap_or_default()
+                        .iter()
+                        .filter_map(value::string),
+                );
+                if !more {
+                    out.next = next.and_then(|n| DateTime::<Utc>::from_timestamp_millis(n as i64));
+                    return Ok(out);
                 }
             }
         }

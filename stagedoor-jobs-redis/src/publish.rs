@@ -105,7 +105,7 @@ impl RedisBroker {
             pipe.atomic();
             for (_, level, args) in &chunks {
                 pipe.cmd("EVAL")
-                    .arg(scripts::PUBLISH_BODY)
+                    .arg(scripts::PUBLISH_BODY.as_str())
                     .arg(3)
                     .arg(&keys.at(*level).stream)
                     .arg(&keys.delayed)
