@@ -70,6 +70,15 @@ pub(crate) async fn ensure_bookkeeping<DB: Driver>(
     Ok(())
 }
 
+/// Creates the bookkeeping tables that are missing on `conn` (the caller's transaction of
+/// [`SqlxRoute::publish_in`](crate::SqlxRoute::publish_in) on SQLite, which may hold the
+/// database's one write lock).
+pub(crate) async fn create_bookkeeping_in<DB: Driver>(
+    conn: &mut DB::Connection,
+) -> Result<(), BrokerError> {
+    DB::run_script(conn, BOOKKEEPING).await.map_err(db_err)
+}
+
 /// Takes lock `key` for `token` until `until` on `conn` (a transaction, or a pooled
 /// connection): `true` when it was free or its holder's time had passed at `now`.
 pub(crate) async fn take_lock<DB: Driver>(

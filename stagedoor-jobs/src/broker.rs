@@ -679,6 +679,23 @@ pub async fn release_unique<B: Broker>(
     Ok(())
 }
 
+/// The guard a unique job ([`Job::unique`](crate::Job::unique)) takes with it when published
+/// on `queue` at `now` (due at `at`), and how long it holds it before the job settles: what
+/// [`Publish::publish_job`] passes to [`Broker::publish_once`], and what a backend's own
+/// publish path (a job in the caller's transaction) takes the same way. `None` for a job that
+/// is not unique.
+pub fn unique_guard_of(
+    queue: &str,
+    envelope: &Envelope,
+    at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Option<(String, Duration)> {
+    let (key, window) = crate::envelope::unique_of(envelope.headers())?;
+    let guard = crate::envelope::unique_guard(queue, key);
+    let delay = at.and_then(|a| (a - now).to_std().ok()).unwrap_or_default();
+    Some((guard, window + crate::envelope::UNIQUE_PENDING_MAX + delay))
+}
+
 /// `url` with its password masked, for messages and logs: `postgres://app:***@db/app`,
 /// `redis://***@h/` for a token alone; several URLs separated by commas each masked.
 pub fn mask_url(url: &str) -> String {
@@ -733,10 +750,7 @@ pub trait Publish: Broker {
         async move {
             let now = self.clock().now();
             let (queue, envelope, at) = job.into_parts(now);
-            if let Some((key, window)) = crate::envelope::unique_of(envelope.headers()) {
-                let guard = crate::envelope::unique_guard(&queue, key);
-                let delay = at.and_then(|a| (a - now).to_std().ok()).unwrap_or_default();
-                let ttl = window + crate::envelope::UNIQUE_PENDING_MAX + delay;
+            if let Some((guard, ttl)) = unique_guard_of(&queue, &envelope, at, now) {
                 return self.publish_once(&queue, (envelope, at), &guard, ttl).await;
             }
             let id = envelope.id().clone();
