@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::BrokerError;
 use stagedoor_jobs::broker::Permits;
+use stagedoor_jobs::{BrokerError, Clock};
 
 use crate::dialect::sealed::{Driver, Value};
 use crate::dialect::{Dialect, acquire, db_err};
+use crate::sql::Flavor;
 
 /// The bookkeeping tables of this backend, created on first use: `stagedoor_locks` (a row per
 /// lock: scheduler ticks, with its owner's token and expiry), `stagedoor_schedules` (each
@@ -117,21 +118,61 @@ const ADD_PERMITS: &str = "INSERT INTO stagedoor_permits (pool, token, until_at)
 /// The most tokens one renewal or release statement names.
 const TOKENS_PER_STATEMENT: usize = 500;
 
+/// Takes SQLite's write lock in the transaction on `conn` (a statement that writes nothing):
+/// what Postgres' advisory lock does for a pool of permits.
+const WRITE_LOCK: &str = "DELETE FROM stagedoor_permits WHERE 1 = 0";
+
+/// The time a take of permits counts from, read once the take holds its pool's lock (a time
+/// read before, while the take waited for a connection and the lock, would start its permits'
+/// windows early, and more than the limit would start in one window): Postgres'
+/// `clock_timestamp()`; on SQLite, whose database's clock is this machine's, the broker's clock
+/// once the write lock is held; the harness's paused clock when the broker follows one.
+async fn time_under_lock<DB: Dialect>(
+    conn: &mut DB::Connection,
+    clock: &Clock,
+) -> Result<DateTime<Utc>, BrokerError> {
+    if DB::FLAVOR == Flavor::Sqlite {
+        DB::run(conn, WRITE_LOCK.to_owned(), Vec::new())
+            .await
+            .map_err(db_err)?;
+    }
+    if clock.is_manual() || DB::FLAVOR == Flavor::Sqlite {
+        let t = clock.now();
+        return Ok(DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t));
+    }
+    let rows = DB::fetch(conn, "SELECT clock_timestamp()".to_owned(), Vec::new())
+        .await
+        .map_err(db_err)?;
+    match rows.first() {
+        Some(row) => match DB::time(row, 0).map_err(db_err)? {
+            Some(t) => Ok(t),
+            None => Err(BrokerError::Backend(
+                "the database's clock_timestamp() was NULL".to_owned(),
+            )),
+        },
+        None => Err(BrokerError::Backend(
+            "the database's clock_timestamp() returned no row".to_owned(),
+        )),
+    }
+}
+
 /// [`Locks::take_permits`](stagedoor_jobs::broker::Locks::take_permits) on SQL: in one
 /// transaction serialised per pool (Postgres: an advisory lock on the pool's name; SQLite: the
-/// write lock its first statement takes), drops the permits past their time, counts the rest
-/// and adds as many of `tokens` as the limit leaves room for.
+/// write lock), reads the time ([`time_under_lock`]), drops the permits past their time,
+/// counts the rest and adds as many of `tokens` as the limit leaves room for, each held `ttl`.
 pub(crate) async fn take_permits<DB: Dialect>(
     pool: &sqlx::Pool<DB>,
     key: &str,
     limit: u32,
     tokens: &[String],
-    now: DateTime<Utc>,
-    until: DateTime<Utc>,
+    clock: &Clock,
+    ttl: Duration,
 ) -> Result<Permits, BrokerError> {
     let mut conn = acquire(pool).await?;
     let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
     DB::lock_fifo_group(&mut tx, format!("stagedoor_permits:{key}")).await?;
+    let now = time_under_lock::<DB>(&mut tx, clock).await?;
+    let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
     let name = || Value::Text(Some(key.to_owned()));
     DB::run(
         &mut tx,
