@@ -115,7 +115,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .insert(dead.clone(), m.queue.clone());
                 if !self.grouped() {
-                    match self.dead_table(dead) {
+                    match self.dead_table(dead).await {
                         Err(e) => problems.push(Problem {
                             mount: who(m),
                             message: format!("{e}"),
