@@ -11,17 +11,106 @@ use crate::dialect::sealed::{Driver, Value};
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::sql::Flavor;
 
-/// The bookkeeping tables of this backend, created on first use: `stagedoor_locks` (a row per
-/// lock: scheduler ticks, with its owner's token and expiry), `stagedoor_schedules` (each
-/// schedule's latest enqueued tick), `stagedoor_workers` (each worker's last report, JSON, until
-/// it expires), `stagedoor_minutes` (each queue's counts per minute; see `route/activity.rs`)
-/// and `stagedoor_permits` (the permit pools of the global limits: a row per permit held,
-/// until it runs out; see [`take_permits`]).
-const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE IF NOT EXISTS stagedoor_schedules (schedule TEXT PRIMARY KEY, last_tick TIMESTAMPTZ NOT NULL);
-CREATE TABLE IF NOT EXISTS stagedoor_workers (worker_id TEXT PRIMARY KEY, report TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE IF NOT EXISTS stagedoor_minutes (queue TEXT NOT NULL, minute TIMESTAMPTZ NOT NULL, processed BIGINT NOT NULL, failed BIGINT NOT NULL, dead BIGINT NOT NULL, PRIMARY KEY (queue, minute));
-CREATE TABLE IF NOT EXISTS stagedoor_permits (pool TEXT NOT NULL, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (pool, token))";
+/// The bookkeeping tables of this backend, created on first use where they are missing: each
+/// one's name, the features that need it (for messages) and its DDL. `stagedoor_locks` (a row
+/// per lock: scheduler ticks, unique jobs' keys, running jobs' cancellations, with its owner's
+/// token and expiry), `stagedoor_schedules` (each schedule's latest enqueued tick),
+/// `stagedoor_workers` (each worker's last report, JSON, until it expires),
+/// `stagedoor_minutes` (each queue's counts per minute; see `route/activity.rs`) and
+/// `stagedoor_permits` (the permit pools of the global limits: a row per permit held, until it
+/// runs out; see [`take_permits`]).
+pub(crate) const BOOKKEEPING: [(&str, &str, &str); 5] = [
+    (
+        "stagedoor_locks",
+        "cancelling running jobs, unique jobs, the scheduler's locks",
+        "CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL)",
+    ),
+    (
+        "stagedoor_schedules",
+        "schedules",
+        "CREATE TABLE IF NOT EXISTS stagedoor_schedules (schedule TEXT PRIMARY KEY, last_tick TIMESTAMPTZ NOT NULL)",
+    ),
+    (
+        "stagedoor_workers",
+        "the workers' reports",
+        "CREATE TABLE IF NOT EXISTS stagedoor_workers (worker_id TEXT PRIMARY KEY, report TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL)",
+    ),
+    (
+        "stagedoor_minutes",
+        "the per-minute counts",
+        "CREATE TABLE IF NOT EXISTS stagedoor_minutes (queue TEXT NOT NULL, minute TIMESTAMPTZ NOT NULL, processed BIGINT NOT NULL, failed BIGINT NOT NULL, dead BIGINT NOT NULL, PRIMARY KEY (queue, minute))",
+    ),
+    (
+        "stagedoor_permits",
+        "global concurrency and rate limits",
+        "CREATE TABLE IF NOT EXISTS stagedoor_permits (pool TEXT NOT NULL, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (pool, token))",
+    ),
+];
+
+/// Whether the bookkeeping table `name` exists where the statements find it (Postgres: on the
+/// search path; SQLite: in the main database).
+pub(crate) async fn bookkeeping_exists<DB: Dialect>(
+    conn: &mut DB::Connection,
+    name: &str,
+) -> Result<bool, BrokerError> {
+    let sql = match DB::FLAVOR {
+        Flavor::Postgres => "SELECT CAST(to_regclass($1) AS TEXT)",
+        Flavor::Sqlite => "SELECT name FROM sqlite_master WHERE type = 'table' AND name = $1",
+    };
+    let rows = DB::fetch(conn, sql.to_owned(), vec![Value::Text(Some(name.to_owned()))])
+        .await
+        .map_err(db_err)?;
+    Ok(match rows.first() {
+        Some(row) => DB::text(row, 0).map_err(db_err)?.is_some(),
+        None => false,
+    })
+}
+
+/// Creates the bookkeeping tables that are missing, once per broker (`done`). A table that
+/// exists is not created again: a role without `CREATE` on the schema works with tables made
+/// for it (Postgres checks that privilege even for `CREATE TABLE IF NOT EXISTS` of a table
+/// that exists).
+pub(crate) async fn ensure_bookkeeping<DB: Dialect>(
+    done: &tokio::sync::OnceCell<()>,
+    pool: &sqlx::Pool<DB>,
+) -> Result<(), BrokerError> {
+    done.get_or_try_init(|| async {
+        for (name, what, ddl) in BOOKKEEPING {
+            // Postgres races concurrent `CREATE TABLE IF NOT EXISTS` of one table (workers
+            // starting together on a fresh database): the loser sees "already exists" or a
+            // duplicate catalog key, and the table is there once the winner commits.
+            let mut tries: u64 = 0;
+            loop {
+                let mut conn = acquire(pool).await?;
+                if bookkeeping_exists::<DB>(&mut conn, name).await? {
+                    break;
+                }
+                match DB::run(&mut conn, ddl.to_owned(), Vec::new()).await {
+                    Ok(_) => break,
+                    Err(e)
+                        if tries < 5 && {
+                            let m = e.to_string();
+                            m.contains("already exists") || m.contains("duplicate key")
+                        } =>
+                    {
+                        tries += 1;
+                        drop(conn);
+                        tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+                    }
+                    Err(e) if e.to_string().contains("permission denied") => {
+                        return Err(BrokerError::Backend(format!(
+                            "cannot create the bookkeeping table `{name}` ({what}): {e}: as the schema's owner run `{ddl}` and `GRANT SELECT, INSERT, UPDATE, DELETE ON {name} TO <this role>`, or `GRANT CREATE ON SCHEMA <schema> TO <this role>` (see the README, \"Database privileges\")"
+                        )));
+                    }
+                    Err(e) => return Err(db_err(e)),
+                }
+            }
+        }
+        Ok::<(), BrokerError>(())
+    })
+    .await?;
+    Ok(())
+}
 
 /// Takes lock `$1` for token `$2` until `$3`: a new row, or one whose `until_at` has passed
 /// (`$4` is now). Changes one row when taken.
@@ -39,45 +128,20 @@ pub(crate) const LAST_TICK: &str = "SELECT last_tick FROM stagedoor_schedules WH
 /// Records tick `$2` of schedule `$1`, unless a later one is recorded.
 pub(crate) const MARK_TICK: &str = "INSERT INTO stagedoor_schedules (schedule, last_tick) VALUES ($1, $2) ON CONFLICT (schedule) DO UPDATE SET last_tick = excluded.last_tick WHERE stagedoor_schedules.last_tick < excluded.last_tick";
 
-/// Creates the bookkeeping tables once per broker (`done`).
-pub(crate) async fn ensure_bookkeeping<DB: Driver>(
-    done: &tokio::sync::OnceCell<()>,
-    pool: &sqlx::Pool<DB>,
-) -> Result<(), BrokerError> {
-    done.get_or_try_init(|| async {
-        // Postgres races concurrent `CREATE TABLE IF NOT EXISTS` of one table (workers
-        // starting together on a fresh database): the loser sees "already exists" or a
-        // duplicate catalog key, and the table is there once the winner commits.
-        let mut tries: u64 = 0;
-        loop {
-            let mut conn = acquire(pool).await?;
-            match DB::run_script(&mut conn, BOOKKEEPING).await {
-                Ok(()) => return Ok(()),
-                Err(e)
-                    if tries < 5 && {
-                        let m = e.to_string();
-                        m.contains("already exists") || m.contains("duplicate key")
-                    } =>
-                {
-                    tries += 1;
-                    drop(conn);
-                    tokio::time::sleep(Duration::from_millis(20 * tries)).await;
-                }
-                Err(e) => return Err(db_err(e)),
-            }
-        }
-    })
-    .await?;
-    Ok(())
-}
-
 /// Creates the bookkeeping tables that are missing on `conn` (the caller's transaction of
 /// [`SqlxRoute::publish_in`](crate::SqlxRoute::publish_in) on SQLite, which may hold the
 /// database's one write lock).
-pub(crate) async fn create_bookkeeping_in<DB: Driver>(
+pub(crate) async fn create_bookkeeping_in<DB: Dialect>(
     conn: &mut DB::Connection,
 ) -> Result<(), BrokerError> {
-    DB::run_script(conn, BOOKKEEPING).await.map_err(db_err)
+    for (name, _, ddl) in BOOKKEEPING {
+        if !bookkeeping_exists::<DB>(conn, name).await? {
+            DB::run(conn, ddl.to_owned(), Vec::new())
+                .await
+                .map_err(db_err)?;
+        }
+    }
+    Ok(())
 }
 
 /// Takes lock `key` for `token` until `until` on `conn` (a transaction, or a pooled
