@@ -644,7 +644,10 @@ async fn hold_the_permits_lock(env: Vec<(&'static str, String)>, pool: String, u
             .await
             .expect("connect");
         while Instant::now() < until {
-            sqlx::raw_sql("BEGIN").execute(&mut conn).await.expect("begin");
+            sqlx::raw_sql("BEGIN")
+                .execute(&mut conn)
+                .await
+                .expect("begin");
             sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
                 .bind(format!("stagedoor_permits:{pool}"))
                 .execute(&mut conn)
@@ -682,11 +685,7 @@ where
         .take_permits(&pool, limit, &[], per)
         .await
         .expect("probe");
-    let blocker = tokio::spawn(hold_the_permits_lock(
-        db.child_env(),
-        pool.clone(),
-        until,
-    ));
+    let blocker = tokio::spawn(hold_the_permits_lock(db.child_env(), pool.clone(), until));
     let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut takers = Vec::new();
     for t in 0..30 {
@@ -707,8 +706,10 @@ where
                         .push(Instant::now());
                 } else {
                     let wait = got.next_free.unwrap_or(Duration::from_millis(20));
-                    tokio::time::sleep(wait.clamp(Duration::from_millis(5), Duration::from_millis(50)))
-                        .await;
+                    tokio::time::sleep(
+                        wait.clamp(Duration::from_millis(5), Duration::from_millis(50)),
+                    )
+                    .await;
                 }
             }
         }));

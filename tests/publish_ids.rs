@@ -349,7 +349,11 @@ async fn unique_jobs_published_in_a_transaction_are_unique<D: Db>() {
         .publish_in(&route, job("emails", 5).unique("order-8", window), true)
         .await;
     assert_ne!(kept, rolled, "the key rolled back with its transaction");
-    assert_eq!(count(db.clone()).await, 2, "the rolled-back job is not stored");
+    assert_eq!(
+        count(db.clone()).await,
+        2,
+        "the rolled-back job is not stored"
+    );
 }
 
 use common::on_both;

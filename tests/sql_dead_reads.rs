@@ -84,7 +84,7 @@ where
         .await
         .expect("one by id");
     let read = route.rows_read() - before;
-    assert_eq!(ids(&found), [middle.id.clone()]);
+    assert_eq!(ids(&found), vec![middle.id.clone()]);
     assert!(read <= 1, "one dead letter by id read {read} rows");
 
     let before = route.rows_read();

@@ -57,9 +57,13 @@ pub(crate) async fn bookkeeping_exists<DB: Dialect>(
         Flavor::Postgres => "SELECT CAST(to_regclass($1) AS TEXT)",
         Flavor::Sqlite => "SELECT name FROM sqlite_master WHERE type = 'table' AND name = $1",
     };
-    let rows = DB::fetch(conn, sql.to_owned(), vec![Value::Text(Some(name.to_owned()))])
-        .await
-        .map_err(db_err)?;
+    let rows = DB::fetch(
+        conn,
+        sql.to_owned(),
+        vec![Value::Text(Some(name.to_owned()))],
+    )
+    .await
+    .map_err(db_err)?;
     Ok(match rows.first() {
         Some(row) => DB::text(row, 0).map_err(db_err)?.is_some(),
         None => false,

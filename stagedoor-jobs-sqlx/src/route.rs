@@ -230,10 +230,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                     Some(s) => format!("\"{s}\".\"{name}\""),
                     None => format!("\"{name}\""),
                 };
-                (
-                    "SELECT CAST(to_regclass($1) AS TEXT)".to_owned(),
-                    qualified,
-                )
+                ("SELECT CAST(to_regclass($1) AS TEXT)".to_owned(), qualified)
             }
             Flavor::Sqlite => {
                 let master = match schema {

@@ -198,7 +198,11 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     /// the job table and its dead-letter tables (and take numbers from the sequence of a
     /// generated id), and use the bookkeeping tables, or create those missing. Each problem
     /// names the statement that fixes it.
-    async fn privilege_problems(&self, pool: &sqlx::Pool<DB>, dead_tables: &[&str]) -> Vec<Problem> {
+    async fn privilege_problems(
+        &self,
+        pool: &sqlx::Pool<DB>,
+        dead_tables: &[&str],
+    ) -> Vec<Problem> {
         match self.privileges(pool, dead_tables).await {
             Ok(problems) => problems,
             Err(e) => vec![Problem {
@@ -339,7 +343,10 @@ async fn lacking<DB: Dialect>(
         return Ok(None);
     }
     let mut missing = Vec::new();
-    for (i, p) in ["SELECT", "INSERT", "UPDATE", "DELETE"].into_iter().enumerate() {
+    for (i, p) in ["SELECT", "INSERT", "UPDATE", "DELETE"]
+        .into_iter()
+        .enumerate()
+    {
         if DB::text(row, i + 1).map_err(db_err)?.as_deref() != Some("true") {
             missing.push(p);
         }

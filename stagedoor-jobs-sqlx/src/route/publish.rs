@@ -14,9 +14,9 @@ use super::{BACKDATE, SqlxRoute, fetch_in};
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::headers::HeaderDoc;
 use crate::locks::{create_bookkeeping_in, ensure_bookkeeping, lock_holder, take_lock};
-use crate::sql::Flavor;
 use crate::publish::{chunks, keyed_by_row, reports};
 use crate::rows::{Vals, params_rows, returned_ids};
+use crate::sql::Flavor;
 
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     fn encode_job(
