@@ -24,7 +24,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{Db as _, Lite, Pg};
 use stagedoor_jobs::prelude::*;
@@ -605,5 +605,156 @@ mod rate_limit_across_processes {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_cluster() {
         super::rate("cluster").await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A rate window counted from the permit's time (issue 29, item 8)
+// ---------------------------------------------------------------------------------------------
+
+/// Holds the lock a take of pool `pool`'s permits waits for (Postgres: the advisory lock on the
+/// pool's name; SQLite: the write lock) 400 ms at a time, 100 ms apart, until `until`.
+async fn hold_the_permits_lock(env: Vec<(&'static str, String)>, pool: String, until: Instant) {
+    use sqlx::Connection as _;
+    let var = |name: &str| {
+        env.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("the database's {name}"))
+    };
+    let held = Duration::from_millis(400);
+    if var(common::ENV_BACKEND) == "sqlite" {
+        let mut conn = sqlx::SqliteConnection::connect(&var(common::ENV_URL))
+            .await
+            .expect("open the database");
+        while Instant::now() < until {
+            sqlx::raw_sql("BEGIN IMMEDIATE")
+                .execute(&mut conn)
+                .await
+                .expect("take the write lock");
+            tokio::time::sleep(held).await;
+            sqlx::raw_sql("COMMIT")
+                .execute(&mut conn)
+                .await
+                .expect("commit");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    } else {
+        let mut conn = sqlx::PgConnection::connect(&var(common::ENV_URL))
+            .await
+            .expect("connect");
+        while Instant::now() < until {
+            sqlx::raw_sql("BEGIN")
+                .execute(&mut conn)
+                .await
+                .expect("begin");
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+                .bind(format!("stagedoor_permits:{pool}"))
+                .execute(&mut conn)
+                .await
+                .expect("take the pool's lock");
+            tokio::time::sleep(held).await;
+            sqlx::raw_sql("COMMIT")
+                .execute(&mut conn)
+                .await
+                .expect("commit");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// `rate_limit(20, 1 s)`'s pool, taken by 30 takers at once while the pool's lock is held 400 ms
+/// at a time: each take counts its permit's second from when it holds the lock, not from
+/// before it waited, so no 1 s window holds more than 20 starts (a start is when its take
+/// returned, a little after its permit's time: windows of 950 ms). Before, a take that waited
+/// for the lock wrote a permit that ran out up to 400 ms early, and up to 40 started in one
+/// window.
+async fn rate_window_counts_from_the_permit<D: common::Db>()
+where
+    D::DB: stagedoor_jobs_sqlx::Dialect,
+{
+    use stagedoor_jobs::broker::{Inspect as _, Locks as _};
+    let db = D::fresh("ratewin", common::conf_ddl::<D>()).await;
+    let route = db.broker().route::<common::ConfRow>("limited");
+    route.connect().await.expect("connect");
+    let pool = format!("rate:win:{}", common::unique());
+    let (limit, per) = (20_u32, Duration::from_secs(1));
+    let until = Instant::now() + Duration::from_secs(4);
+    // The bookkeeping tables exist before the lock is held.
+    route
+        .take_permits(&pool, limit, &[], per)
+        .await
+        .expect("probe");
+    let blocker = tokio::spawn(hold_the_permits_lock(db.child_env(), pool.clone(), until));
+    let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut takers = Vec::new();
+    for t in 0..30 {
+        let (route, pool, starts) = (route.clone(), pool.clone(), Arc::clone(&starts));
+        takers.push(tokio::spawn(async move {
+            let mut n = 0;
+            while Instant::now() < until {
+                n += 1;
+                let token = format!("{t}-{n}");
+                let got = route
+                    .take_permits(&pool, limit, &[token], per)
+                    .await
+                    .expect("take a permit");
+                if got.taken == 1 {
+                    starts
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(Instant::now());
+                } else {
+                    let wait = got.next_free.unwrap_or(Duration::from_millis(20));
+                    tokio::time::sleep(
+                        wait.clamp(Duration::from_millis(5), Duration::from_millis(50)),
+                    )
+                    .await;
+                }
+            }
+        }));
+    }
+    for t in takers {
+        t.await.expect("a taker");
+    }
+    blocker.await.expect("the blocker");
+    let mut starts = starts
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    starts.sort();
+    assert!(
+        starts.len() >= 3 * limit as usize,
+        "the takers took permits all along: {} starts in 4 s",
+        starts.len()
+    );
+    let window = Duration::from_millis(950);
+    let most = (0..starts.len())
+        .map(|i| {
+            starts[i..]
+                .iter()
+                .take_while(|s| s.duration_since(starts[i]) < window)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    assert!(
+        most <= limit as usize,
+        "{most} starts in one window of {window:?}, above rate_limit({limit}, 1 s)"
+    );
+}
+
+mod rate_window_counts_from_the_permit {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        super::rate_window_counts_from_the_permit::<crate::common::Lite>().await;
+    }
+    #[cfg_attr(
+        not(stagedoor_postgres),
+        ignore = "needs Postgres: run scripts/test-all"
+    )]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::rate_window_counts_from_the_permit::<crate::common::Pg>().await;
     }
 }

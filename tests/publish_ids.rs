@@ -311,6 +311,51 @@ async fn publish_in_returns_the_row_id_postgres() {
     assert!(a.is_stored() && b.is_stored());
 }
 
+/// A unique job published in the caller's transaction takes its key in that transaction
+/// (issue 29, item 4): a second job of the key, in a later transaction or through the route's
+/// own publish, is not stored and is told the holder's id; a transaction rolled back frees
+/// its job's key with it.
+async fn unique_jobs_published_in_a_transaction_are_unique<D: Db>() {
+    let db = D::fresh("uniq_in", &ddl::<D>(GROUP_DDL)).await;
+    let route = D::route::<RowIdHeaders>(&db.broker(), "emails");
+    route.connect().await.expect("connect");
+    let window = std::time::Duration::from_secs(60);
+    let count = |db: D| async move {
+        let rows = db
+            .rows("SELECT CAST(COUNT(*) AS BIGINT) FROM row_id_headers_jobs".to_owned())
+            .await;
+        rows[0][0].int()
+    };
+
+    let first = db
+        .publish_in(&route, job("emails", 1).unique("order-7", window), true)
+        .await;
+    let second = db
+        .publish_in(&route, job("emails", 2).unique("order-7", window), true)
+        .await;
+    assert_eq!(
+        second, first,
+        "a second job of the key, in its own transaction, is the first one's"
+    );
+    let outside = D::publish(&route, job("emails", 3).unique("order-7", window)).await;
+    assert_eq!(outside, first, "the route's own publish sees the key taken");
+    assert_eq!(count(db.clone()).await, 1, "one row for the key");
+
+    // Rolled back: the job and its key are gone, and the key takes the next job.
+    let rolled = db
+        .publish_in(&route, job("emails", 4).unique("order-8", window), false)
+        .await;
+    let kept = db
+        .publish_in(&route, job("emails", 5).unique("order-8", window), true)
+        .await;
+    assert_ne!(kept, rolled, "the key rolled back with its transaction");
+    assert_eq!(
+        count(db.clone()).await,
+        2,
+        "the rolled-back job is not stored"
+    );
+}
+
 use common::on_both;
 use stagedoor_jobs::broker::Inspect;
 
@@ -320,6 +365,7 @@ on_both!(
     publisher_minted_text_id,
     table_form_generated_id,
     route_reports_duplicates,
+    unique_jobs_published_in_a_transaction_are_unique,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,23 +4,117 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::BrokerError;
 use stagedoor_jobs::broker::Permits;
+use stagedoor_jobs::{BrokerError, Clock};
 
 use crate::dialect::sealed::{Driver, Value};
 use crate::dialect::{Dialect, acquire, db_err};
+use crate::sql::Flavor;
 
-/// The bookkeeping tables of this backend, created on first use: `stagedoor_locks` (a row per
-/// lock: scheduler ticks, with its owner's token and expiry), `stagedoor_schedules` (each
-/// schedule's latest enqueued tick), `stagedoor_workers` (each worker's last report, JSON, until
-/// it expires), `stagedoor_minutes` (each queue's counts per minute; see `route/activity.rs`)
-/// and `stagedoor_permits` (the permit pools of the global limits: a row per permit held,
-/// until it runs out; see [`take_permits`]).
-const BOOKKEEPING: &str = "CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE IF NOT EXISTS stagedoor_schedules (schedule TEXT PRIMARY KEY, last_tick TIMESTAMPTZ NOT NULL);
-CREATE TABLE IF NOT EXISTS stagedoor_workers (worker_id TEXT PRIMARY KEY, report TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL);
-CREATE TABLE IF NOT EXISTS stagedoor_minutes (queue TEXT NOT NULL, minute TIMESTAMPTZ NOT NULL, processed BIGINT NOT NULL, failed BIGINT NOT NULL, dead BIGINT NOT NULL, PRIMARY KEY (queue, minute));
-CREATE TABLE IF NOT EXISTS stagedoor_permits (pool TEXT NOT NULL, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (pool, token))";
+/// The bookkeeping tables of this backend, created on first use where they are missing: each
+/// one's name, the features that need it (for messages) and its DDL. `stagedoor_locks` (a row
+/// per lock: scheduler ticks, unique jobs' keys, running jobs' cancellations, with its owner's
+/// token and expiry), `stagedoor_schedules` (each schedule's latest enqueued tick),
+/// `stagedoor_workers` (each worker's last report, JSON, until it expires),
+/// `stagedoor_minutes` (each queue's counts per minute; see `route/activity.rs`) and
+/// `stagedoor_permits` (the permit pools of the global limits: a row per permit held, until it
+/// runs out; see [`take_permits`]).
+pub(crate) const BOOKKEEPING: [(&str, &str, &str); 5] = [
+    (
+        "stagedoor_locks",
+        "cancelling running jobs, unique jobs, the scheduler's locks",
+        "CREATE TABLE IF NOT EXISTS stagedoor_locks (lock_key TEXT PRIMARY KEY, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL)",
+    ),
+    (
+        "stagedoor_schedules",
+        "schedules",
+        "CREATE TABLE IF NOT EXISTS stagedoor_schedules (schedule TEXT PRIMARY KEY, last_tick TIMESTAMPTZ NOT NULL)",
+    ),
+    (
+        "stagedoor_workers",
+        "the workers' reports",
+        "CREATE TABLE IF NOT EXISTS stagedoor_workers (worker_id TEXT PRIMARY KEY, report TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL)",
+    ),
+    (
+        "stagedoor_minutes",
+        "the per-minute counts",
+        "CREATE TABLE IF NOT EXISTS stagedoor_minutes (queue TEXT NOT NULL, minute TIMESTAMPTZ NOT NULL, processed BIGINT NOT NULL, failed BIGINT NOT NULL, dead BIGINT NOT NULL, PRIMARY KEY (queue, minute))",
+    ),
+    (
+        "stagedoor_permits",
+        "global concurrency and rate limits",
+        "CREATE TABLE IF NOT EXISTS stagedoor_permits (pool TEXT NOT NULL, token TEXT NOT NULL, until_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (pool, token))",
+    ),
+];
+
+/// Whether the bookkeeping table `name` exists where the statements find it (Postgres: on the
+/// search path; SQLite: in the main database).
+pub(crate) async fn bookkeeping_exists<DB: Dialect>(
+    conn: &mut DB::Connection,
+    name: &str,
+) -> Result<bool, BrokerError> {
+    let sql = match DB::FLAVOR {
+        Flavor::Postgres => "SELECT CAST(to_regclass($1) AS TEXT)",
+        Flavor::Sqlite => "SELECT name FROM sqlite_master WHERE type = 'table' AND name = $1",
+    };
+    let rows = DB::fetch(
+        conn,
+        sql.to_owned(),
+        vec![Value::Text(Some(name.to_owned()))],
+    )
+    .await
+    .map_err(db_err)?;
+    Ok(match rows.first() {
+        Some(row) => DB::text(row, 0).map_err(db_err)?.is_some(),
+        None => false,
+    })
+}
+
+/// Creates the bookkeeping tables that are missing, once per broker (`done`). A table that
+/// exists is not created again: a role without `CREATE` on the schema works with tables made
+/// for it (Postgres checks that privilege even for `CREATE TABLE IF NOT EXISTS` of a table
+/// that exists).
+pub(crate) async fn ensure_bookkeeping<DB: Dialect>(
+    done: &tokio::sync::OnceCell<()>,
+    pool: &sqlx::Pool<DB>,
+) -> Result<(), BrokerError> {
+    done.get_or_try_init(|| async {
+        for (name, what, ddl) in BOOKKEEPING {
+            // Postgres races concurrent `CREATE TABLE IF NOT EXISTS` of one table (workers
+            // starting together on a fresh database): the loser sees "already exists" or a
+            // duplicate catalog key, and the table is there once the winner commits.
+            let mut tries: u64 = 0;
+            loop {
+                let mut conn = acquire(pool).await?;
+                if bookkeeping_exists::<DB>(&mut conn, name).await? {
+                    break;
+                }
+                match DB::run(&mut conn, ddl.to_owned(), Vec::new()).await {
+                    Ok(_) => break,
+                    Err(e)
+                        if tries < 5 && {
+                            let m = e.to_string();
+                            m.contains("already exists") || m.contains("duplicate key")
+                        } =>
+                    {
+                        tries += 1;
+                        drop(conn);
+                        tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+                    }
+                    Err(e) if e.to_string().contains("permission denied") => {
+                        return Err(BrokerError::Backend(format!(
+                            "cannot create the bookkeeping table `{name}` ({what}): {e}: as the schema's owner run `{ddl}` and `GRANT SELECT, INSERT, UPDATE, DELETE ON {name} TO <this role>`, or `GRANT CREATE ON SCHEMA <schema> TO <this role>` (see the README, \"Database privileges\")"
+                        )));
+                    }
+                    Err(e) => return Err(db_err(e)),
+                }
+            }
+        }
+        Ok::<(), BrokerError>(())
+    })
+    .await?;
+    Ok(())
+}
 
 /// Takes lock `$1` for token `$2` until `$3`: a new row, or one whose `until_at` has passed
 /// (`$4` is now). Changes one row when taken.
@@ -38,35 +132,19 @@ pub(crate) const LAST_TICK: &str = "SELECT last_tick FROM stagedoor_schedules WH
 /// Records tick `$2` of schedule `$1`, unless a later one is recorded.
 pub(crate) const MARK_TICK: &str = "INSERT INTO stagedoor_schedules (schedule, last_tick) VALUES ($1, $2) ON CONFLICT (schedule) DO UPDATE SET last_tick = excluded.last_tick WHERE stagedoor_schedules.last_tick < excluded.last_tick";
 
-/// Creates the bookkeeping tables once per broker (`done`).
-pub(crate) async fn ensure_bookkeeping<DB: Driver>(
-    done: &tokio::sync::OnceCell<()>,
-    pool: &sqlx::Pool<DB>,
+/// Creates the bookkeeping tables that are missing on `conn` (the caller's transaction of
+/// [`SqlxRoute::publish_in`](crate::SqlxRoute::publish_in) on SQLite, which may hold the
+/// database's one write lock).
+pub(crate) async fn create_bookkeeping_in<DB: Dialect>(
+    conn: &mut DB::Connection,
 ) -> Result<(), BrokerError> {
-    done.get_or_try_init(|| async {
-        // Postgres races concurrent `CREATE TABLE IF NOT EXISTS` of one table (workers
-        // starting together on a fresh database): the loser sees "already exists" or a
-        // duplicate catalog key, and the table is there once the winner commits.
-        let mut tries: u64 = 0;
-        loop {
-            let mut conn = acquire(pool).await?;
-            match DB::run_script(&mut conn, BOOKKEEPING).await {
-                Ok(()) => return Ok(()),
-                Err(e)
-                    if tries < 5 && {
-                        let m = e.to_string();
-                        m.contains("already exists") || m.contains("duplicate key")
-                    } =>
-                {
-                    tries += 1;
-                    drop(conn);
-                    tokio::time::sleep(Duration::from_millis(20 * tries)).await;
-                }
-                Err(e) => return Err(db_err(e)),
-            }
+    for (name, _, ddl) in BOOKKEEPING {
+        if !bookkeeping_exists::<DB>(conn, name).await? {
+            DB::run(conn, ddl.to_owned(), Vec::new())
+                .await
+                .map_err(db_err)?;
         }
-    })
-    .await?;
+    }
     Ok(())
 }
 
@@ -108,21 +186,61 @@ const ADD_PERMITS: &str = "INSERT INTO stagedoor_permits (pool, token, until_at)
 /// The most tokens one renewal or release statement names.
 const TOKENS_PER_STATEMENT: usize = 500;
 
+/// Takes SQLite's write lock in the transaction on `conn` (a statement that writes nothing):
+/// what Postgres' advisory lock does for a pool of permits.
+const WRITE_LOCK: &str = "DELETE FROM stagedoor_permits WHERE 1 = 0";
+
+/// The time a take of permits counts from, read once the take holds its pool's lock (a time
+/// read before, while the take waited for a connection and the lock, would start its permits'
+/// windows early, and more than the limit would start in one window): Postgres'
+/// `clock_timestamp()`; on SQLite, whose database's clock is this machine's, the broker's clock
+/// once the write lock is held; the harness's paused clock when the broker follows one.
+async fn time_under_lock<DB: Dialect>(
+    conn: &mut DB::Connection,
+    clock: &Clock,
+) -> Result<DateTime<Utc>, BrokerError> {
+    if DB::FLAVOR == Flavor::Sqlite {
+        DB::run(conn, WRITE_LOCK.to_owned(), Vec::new())
+            .await
+            .map_err(db_err)?;
+    }
+    if clock.is_manual() || DB::FLAVOR == Flavor::Sqlite {
+        let t = clock.now();
+        return Ok(DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t));
+    }
+    let rows = DB::fetch(conn, "SELECT clock_timestamp()".to_owned(), Vec::new())
+        .await
+        .map_err(db_err)?;
+    match rows.first() {
+        Some(row) => match DB::time(row, 0).map_err(db_err)? {
+            Some(t) => Ok(t),
+            None => Err(BrokerError::Backend(
+                "the database's clock_timestamp() was NULL".to_owned(),
+            )),
+        },
+        None => Err(BrokerError::Backend(
+            "the database's clock_timestamp() returned no row".to_owned(),
+        )),
+    }
+}
+
 /// [`Locks::take_permits`](stagedoor_jobs::broker::Locks::take_permits) on SQL: in one
 /// transaction serialised per pool (Postgres: an advisory lock on the pool's name; SQLite: the
-/// write lock its first statement takes), drops the permits past their time, counts the rest
-/// and adds as many of `tokens` as the limit leaves room for.
+/// write lock), reads the time ([`time_under_lock`]), drops the permits past their time,
+/// counts the rest and adds as many of `tokens` as the limit leaves room for, each held `ttl`.
 pub(crate) async fn take_permits<DB: Dialect>(
     pool: &sqlx::Pool<DB>,
     key: &str,
     limit: u32,
     tokens: &[String],
-    now: DateTime<Utc>,
-    until: DateTime<Utc>,
+    clock: &Clock,
+    ttl: Duration,
 ) -> Result<Permits, BrokerError> {
     let mut conn = acquire(pool).await?;
     let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
     DB::lock_fifo_group(&mut tx, format!("stagedoor_permits:{key}")).await?;
+    let now = time_under_lock::<DB>(&mut tx, clock).await?;
+    let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
     let name = || Value::Text(Some(key.to_owned()));
     DB::run(
         &mut tx,

@@ -32,12 +32,13 @@ use stagedoor_jobs::{Clock, Envelope, Inbox, JobId};
 
 use crate::batch::SettleReq;
 use crate::broker::SqlxBroker;
+use crate::dialect::sealed::Value;
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::floor::Floors;
 use crate::headers::HeaderDoc;
 use crate::receipt::SqlReceipt;
 use crate::rows::{RowRead, Vals, attempt_number, params, read, time_at};
-use crate::sql::{Statements, Stmt, validate};
+use crate::sql::{Flavor, Statements, Stmt, validate};
 
 mod activity;
 mod check;
@@ -70,6 +71,8 @@ struct RouteInner {
     /// Per queue, the claims by this route that took rows (a table with a priority column):
     /// every [`FAIR_CLAIM_EVERY`](stagedoor_jobs::FAIR_CLAIM_EVERY)-th is made in due order.
     taken: Mutex<HashMap<String, u64>>,
+    /// The rows [`SqlxRoute::fetch`] has read, for tests.
+    rows_read: std::sync::atomic::AtomicU64,
 }
 
 /// One job table of a [`SqlxBroker`]: mount subscribers on it, publish into it.
@@ -145,6 +148,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 origins: Mutex::new(HashMap::new()),
                 floors: Floors::default(),
                 taken: Mutex::new(HashMap::new()),
+                rows_read: std::sync::atomic::AtomicU64::new(0),
             }),
             _row: PhantomData,
         }
@@ -178,8 +182,10 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         self.table().group.is_some()
     }
 
-    /// The statements of the dead-letter table `name`, validated and cached.
-    fn dead_table(&self, name: &str) -> Result<Arc<Statements>, BrokerError> {
+    /// The statements of the dead-letter table `name`, validated and cached. Only a table
+    /// the catalog shows is cached (its name kept for good): asking about names of no table
+    /// (an operator's typo, a dashboard's URL) keeps nothing.
+    async fn dead_table(&self, name: &str) -> Result<Arc<Statements>, BrokerError> {
         if let Some(s) = self
             .inner
             .dead_tables
@@ -194,23 +200,79 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 "{name} (a dead-letter table must be a plain SQL identifier)"
             )));
         }
-        let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
-        let s = Arc::new(self.stmts()?.for_table(leaked, DB::FLAVOR));
+        let stmts = Arc::clone(self.stmts()?);
+        if !self.table_exists(name).await? {
+            return Err(BrokerError::UnknownQueue(format!(
+                "{name} (there is no table `{name}`: create it with the columns of `{}`)",
+                self.table().name
+            )));
+        }
+        let mut cache = self
+            .inner
+            .dead_tables
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let s = cache.entry(name.to_owned()).or_insert_with(|| {
+            let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+            Arc::new(stmts.for_table(leaked, DB::FLAVOR))
+        });
+        Ok(Arc::clone(s))
+    }
+
+    /// Whether the database has a table (or view) `name` in this route's schema.
+    async fn table_exists(&self, name: &str) -> Result<bool, BrokerError> {
+        let schema = self.table().schema;
+        let (sql, bind) = match DB::FLAVOR {
+            Flavor::Postgres => {
+                // `to_regclass` resolves the name as the statements do (the search path, or
+                // the schema given).
+                let qualified = match schema {
+                    Some(s) => format!("\"{s}\".\"{name}\""),
+                    None => format!("\"{name}\""),
+                };
+                ("SELECT CAST(to_regclass($1) AS TEXT)".to_owned(), qualified)
+            }
+            Flavor::Sqlite => {
+                let master = match schema {
+                    Some(s) => format!("\"{s}\".sqlite_master"),
+                    None => "sqlite_master".to_owned(),
+                };
+                (
+                    format!(
+                        "SELECT name FROM {master} WHERE type IN ('table', 'view') AND name = $1 COLLATE NOCASE"
+                    ),
+                    name.to_owned(),
+                )
+            }
+        };
+        let mut conn = acquire(self.pool()?).await?;
+        let rows = DB::fetch(&mut conn, sql, vec![Value::Text(Some(bind))])
+            .await
+            .map_err(db_err)?;
+        Ok(match rows.first() {
+            Some(row) => DB::text(row, 0).map_err(db_err)?.is_some(),
+            None => false,
+        })
+    }
+
+    /// How many dead-letter tables' statements this route keeps (each for a table that
+    /// exists). For tests.
+    #[doc(hidden)]
+    pub fn cached_dead_tables(&self) -> usize {
         self.inner
             .dead_tables
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(name.to_owned(), Arc::clone(&s));
-        Ok(s)
+            .len()
     }
 
     /// The statements that read queue `name`: the table's own for a group (or for the table's
     /// own name), a dead-letter table's otherwise.
-    fn stmts_for(&self, name: &str) -> Result<Arc<Statements>, BrokerError> {
+    async fn stmts_for(&self, name: &str) -> Result<Arc<Statements>, BrokerError> {
         if self.grouped() || name == self.table().name || name == &*self.default_group {
             Ok(Arc::clone(self.stmts()?))
         } else {
-            self.dead_table(name)
+            self.dead_table(name).await
         }
     }
 
@@ -291,7 +353,20 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     ) -> Result<Vec<RowRead>, BrokerError> {
         let mut conn = acquire(self.pool()?).await?;
         let rows = fetch_in::<DB>(&mut conn, stmt, v, &stmts.table).await?;
+        self.inner
+            .rows_read
+            .fetch_add(rows.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(rows.iter().map(|r| read::<DB>(r, &stmts.table)).collect())
+    }
+
+    /// How many rows this route has read from the database through
+    /// [`fetch`](Self::fetch): claims, listings and lookups (dead letters, cancels, delayed
+    /// rows). For tests.
+    #[doc(hidden)]
+    pub fn rows_read(&self) -> u64 {
+        self.inner
+            .rows_read
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The time in column 0 of a one-row answer (a `MIN` of due times); `None` when there is

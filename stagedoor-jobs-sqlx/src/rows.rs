@@ -26,6 +26,8 @@ pub(crate) struct Vals {
     pub(crate) now: Option<DateTime<Utc>>,
     pub(crate) due: Option<DateTime<Utc>>,
     pub(crate) limit: i64,
+    /// The rows a page passes over ([`P::Offset`]).
+    pub(crate) offset: i64,
     pub(crate) error: Option<String>,
     pub(crate) headers: Option<String>,
     pub(crate) payload: Vec<u8>,
@@ -91,6 +93,7 @@ fn value(p: P, v: &Vals, table: &Table) -> Value {
         P::Now => Value::Time(v.now),
         P::Due => Value::Time(v.due),
         P::Limit => Value::Int(Some(v.limit)),
+        P::Offset => Value::Int(Some(v.offset)),
         P::Error => Value::Text(v.error.clone()),
         P::Headers => Value::Text(v.headers.clone()),
         P::Payload => match table.payload.ty {

@@ -53,6 +53,8 @@ pub(crate) enum P {
     Due,
     /// How many rows.
     Limit,
+    /// How many rows to pass over first (a page of a listing).
+    Offset,
     /// The last error.
     Error,
     /// The headers JSON.
@@ -244,7 +246,16 @@ pub(crate) struct Statements {
     /// returns the stored row's id as text first.
     pub(crate) insert_notify: Stmt,
     pub(crate) stats: Stmt,
+    /// A page of a group's rows, newest first: [`P::Limit`] rows after the first
+    /// [`P::Offset`].
     pub(crate) list: Stmt,
+    /// The row of id [`P::Id`] in a group.
+    pub(crate) find_id: Stmt,
+    /// The rows of a group whose headers are like [`P::JobId`] (`!` escapes); empty without a
+    /// headers column.
+    pub(crate) find_job: Stmt,
+    /// The rows of [`find_id`](Self::find_id) and [`find_job`](Self::find_job).
+    pub(crate) find_either: Stmt,
     /// A group's rows due later than now ([`P::Now`]), soonest first, at most [`P::Limit`].
     /// Empty for a table without a `retry_after` column.
     pub(crate) delayed: Stmt,
@@ -348,6 +359,9 @@ impl Statements {
         let inspect::Inspects {
             stats,
             list,
+            find_id,
+            find_job,
+            find_either,
             delayed,
             replay_group,
             purge,
@@ -372,6 +386,9 @@ impl Statements {
             insert_notify,
             stats,
             list,
+            find_id,
+            find_job,
+            find_either,
             delayed,
             replay_group,
             purge,

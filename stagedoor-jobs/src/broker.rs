@@ -725,6 +725,28 @@ pub async fn release_unique<B: Broker>(
     Ok(())
 }
 
+/// The guard a unique job ([`Job::unique`](crate::Job::unique)) takes with it when published
+/// on `queue` at `now` (due at `at`), and how long it holds it before the job settles: what
+/// [`Publish::publish_job`] passes to [`Broker::publish_once`], and what a backend's own
+/// publish path (a job in the caller's transaction) takes the same way. `None` for a job that
+/// is not unique.
+pub fn unique_guard_of(
+    queue: &str,
+    envelope: &Envelope,
+    at: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Option<(String, Duration)> {
+    let (key, window) = crate::envelope::unique_of(envelope.headers())?;
+    let guard = crate::envelope::unique_guard(queue, key);
+    let delay = at.and_then(|a| (a - now).to_std().ok()).unwrap_or_default();
+    Some((
+        guard,
+        window
+            .saturating_add(crate::envelope::UNIQUE_PENDING_MAX)
+            .saturating_add(delay),
+    ))
+}
+
 /// `url` with every password masked, for messages and logs: the user-info's
 /// (`postgres://app:***@db/app`, `redis://***@h/` for a Redis token alone) and the value of
 /// each query parameter that carries a secret (`?password=***`, `sslpassword`, any case or
@@ -886,12 +908,7 @@ pub trait Publish: Broker {
             }
             let now = self.clock().now();
             let (queue, envelope, at) = job.into_parts(now);
-            if let Some((key, window)) = crate::envelope::unique_of(envelope.headers()) {
-                let guard = crate::envelope::unique_guard(&queue, key);
-                let delay = at.and_then(|a| (a - now).to_std().ok()).unwrap_or_default();
-                let ttl = window
-                    .saturating_add(crate::envelope::UNIQUE_PENDING_MAX)
-                    .saturating_add(delay);
+            if let Some((guard, ttl)) = unique_guard_of(&queue, &envelope, at, now) {
                 return self.publish_once(&queue, (envelope, at), &guard, ttl).await;
             }
             let id = envelope.id().clone();

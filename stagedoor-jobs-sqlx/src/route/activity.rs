@@ -166,7 +166,7 @@ impl<DB: Dialect, Row: Inbox> Activity for SqlxRoute<DB, Row> {
     }
 
     async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<DelayedJob>, BrokerError> {
-        let stmts = self.stmts_for(queue)?;
+        let stmts = self.stmts_for(queue).await?;
         if limit == 0 || Statements::lacks(&stmts.delayed) {
             return Ok(Vec::new());
         }

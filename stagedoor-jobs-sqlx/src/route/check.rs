@@ -9,9 +9,13 @@ use stagedoor_jobs::Inbox;
 use stagedoor_jobs::broker::{MountInfo, Problem};
 use stagedoor_jobs::inbox::ColumnType;
 
+use stagedoor_jobs::BrokerError;
+
 use super::SqlxRoute;
-use crate::dialect::{Dialect, acquire};
-use crate::sql::{Statements, Stmt};
+use crate::dialect::sealed::Value;
+use crate::dialect::{Dialect, acquire, db_err};
+use crate::locks::BOOKKEEPING;
+use crate::sql::{Flavor, Statements, Stmt};
 
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     /// [`Broker::check`](stagedoor_jobs::Broker::check): the table, its columns and every statement
@@ -115,7 +119,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .insert(dead.clone(), m.queue.clone());
                 if !self.grouped() {
-                    match self.dead_table(dead) {
+                    match self.dead_table(dead).await {
                         Err(e) => problems.push(Problem {
                             mount: who(m),
                             message: format!("{e}"),
@@ -170,6 +174,17 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 });
             }
         }
+        if DB::FLAVOR == Flavor::Postgres && problems.is_empty() {
+            let dead_tables: Vec<&str> = if self.grouped() {
+                Vec::new()
+            } else {
+                mounts
+                    .iter()
+                    .filter_map(|m| m.dead_letter.as_deref())
+                    .collect()
+            };
+            problems.extend(self.privilege_problems(pool, &dead_tables).await);
+        }
         if table.retry_after.is_none() {
             tracing::warn!(
                 table = table.name,
@@ -177,6 +192,120 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             );
         }
         problems
+    }
+
+    /// What the connected role may not do that a service needs (Postgres): read and change
+    /// the job table and its dead-letter tables (and take numbers from the sequence of a
+    /// generated id), and use the bookkeeping tables, or create those missing. Each problem
+    /// names the statement that fixes it.
+    async fn privilege_problems(
+        &self,
+        pool: &sqlx::Pool<DB>,
+        dead_tables: &[&str],
+    ) -> Vec<Problem> {
+        match self.privileges(pool, dead_tables).await {
+            Ok(problems) => problems,
+            Err(e) => vec![Problem {
+                mount: "*".to_owned(),
+                message: format!("cannot read the connected role's privileges: {e}"),
+            }],
+        }
+    }
+
+    async fn privileges(
+        &self,
+        pool: &sqlx::Pool<DB>,
+        dead_tables: &[&str],
+    ) -> Result<Vec<Problem>, BrokerError> {
+        let table = self.table();
+        let mut conn = acquire(pool).await?;
+        let text = |row: &DB::Row, i: usize| -> Result<String, BrokerError> {
+            Ok(DB::text(row, i).map_err(db_err)?.unwrap_or_default())
+        };
+        let who = DB::fetch(
+            &mut conn,
+            "SELECT CAST(current_user AS TEXT), CAST(current_schema() AS TEXT), CAST(COALESCE(has_schema_privilege(current_schema(), 'CREATE'), false) AS TEXT)".to_owned(),
+            Vec::new(),
+        )
+        .await
+        .map_err(db_err)?;
+        let Some(row) = who.first() else {
+            return Ok(Vec::new());
+        };
+        let (role, schema, can_create) = (text(row, 0)?, text(row, 1)?, text(row, 2)? == "true");
+        let role_q = format!("\"{}\"", role.replace('"', "\"\""));
+        let grant = |missing: &[&str], on: &str| {
+            format!("GRANT {} ON {on} TO {role_q}", missing.join(", "))
+        };
+        let mut problems = Vec::new();
+
+        let mut job_tables = vec![(table.qualified(), table.name.to_owned(), "the job table")];
+        for dead in dead_tables {
+            let qualified = match table.schema {
+                Some(s) => format!("\"{s}\".\"{dead}\""),
+                None => format!("\"{dead}\""),
+            };
+            job_tables.push((qualified, (*dead).to_owned(), "a dead-letter table"));
+        }
+        for (qualified, name, what) in job_tables {
+            match lacking::<DB>(&mut conn, qualified.clone()).await? {
+                Some(missing) if !missing.is_empty() => problems.push(Problem {
+                    mount: format!("table `{name}`"),
+                    message: format!(
+                        "role `{role}` lacks {} on {what} `{name}`, which every worker needs (claims update and delete its rows, publishes insert them): run `{}`",
+                        missing.join(", "),
+                        grant(&["SELECT", "INSERT", "UPDATE", "DELETE"], &qualified)
+                    ),
+                }),
+                _ => {}
+            }
+        }
+        // A generated id numbered by a sequence: publishing takes a number from it.
+        if table.id.generated {
+            let rows = DB::fetch(
+                &mut conn,
+                "SELECT pg_get_serial_sequence($1, $2), CAST(has_sequence_privilege(pg_get_serial_sequence($1, $2), 'USAGE') AS TEXT) WHERE to_regclass($1) IS NOT NULL AND pg_get_serial_sequence($1, $2) IS NOT NULL".to_owned(),
+                vec![
+                    Value::Text(Some(table.qualified())),
+                    Value::Text(Some(table.id.name.to_owned())),
+                ],
+            )
+            .await
+            .map_err(db_err)?;
+            if let Some(row) = rows.first()
+                && text(row, 1)? != "true"
+            {
+                let seq = text(row, 0)?;
+                problems.push(Problem {
+                    mount: format!("table `{}`", table.name),
+                    message: format!(
+                        "role `{role}` cannot take numbers from `{seq}`, the sequence of the id of `{}`, which publishing needs: run `GRANT USAGE ON SEQUENCE {seq} TO {role_q}`",
+                        table.name
+                    ),
+                });
+            }
+        }
+        for (name, what, ddl) in BOOKKEEPING {
+            match lacking::<DB>(&mut conn, name.to_owned()).await? {
+                None if !can_create => problems.push(Problem {
+                    mount: "*".to_owned(),
+                    message: format!(
+                        "the bookkeeping table `{name}` ({what}) does not exist, and role `{role}` may not create it (no CREATE on schema `{schema}`): as the schema's owner run `{ddl}` and `{}`, or run `GRANT CREATE ON SCHEMA \"{schema}\" TO {role_q}` (the README's \"Database privileges\" lists every table)",
+                        grant(&["SELECT", "INSERT", "UPDATE", "DELETE"], name)
+                    ),
+                }),
+                Some(missing) if !missing.is_empty() => problems.push(Problem {
+                    mount: "*".to_owned(),
+                    message: format!(
+                        "role `{role}` lacks {} on the bookkeeping table `{name}` ({what}): run `{}`",
+                        missing.join(", "),
+                        grant(&["SELECT", "INSERT", "UPDATE", "DELETE"], name)
+                    ),
+                }),
+                _ => {}
+            }
+        }
+        Ok(problems)
     }
 
     /// Prepares `sql` on a connection of the pool (the driver's error when it does not).
@@ -187,4 +316,40 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         let mut conn = pool.acquire().await?;
         DB::prepare_only(&mut conn, sql).await
     }
+}
+
+/// The privileges (of SELECT, INSERT, UPDATE, DELETE) the connected role lacks on the table
+/// named `qualified` (Postgres); `None` when there is no such table.
+async fn lacking<DB: Dialect>(
+    conn: &mut DB::Connection,
+    qualified: String,
+) -> Result<Option<Vec<&'static str>>, BrokerError> {
+    let rows = DB::fetch(
+        conn,
+        "SELECT CAST(to_regclass($1) AS TEXT), \
+         CAST(has_table_privilege(to_regclass($1), 'SELECT') AS TEXT), \
+         CAST(has_table_privilege(to_regclass($1), 'INSERT') AS TEXT), \
+         CAST(has_table_privilege(to_regclass($1), 'UPDATE') AS TEXT), \
+         CAST(has_table_privilege(to_regclass($1), 'DELETE') AS TEXT)"
+            .to_owned(),
+        vec![Value::Text(Some(qualified))],
+    )
+    .await
+    .map_err(db_err)?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    if DB::text(row, 0).map_err(db_err)?.is_none() {
+        return Ok(None);
+    }
+    let mut missing = Vec::new();
+    for (i, p) in ["SELECT", "INSERT", "UPDATE", "DELETE"]
+        .into_iter()
+        .enumerate()
+    {
+        if DB::text(row, i + 1).map_err(db_err)?.as_deref() != Some("true") {
+            missing.push(p);
+        }
+    }
+    Ok(Some(missing))
 }

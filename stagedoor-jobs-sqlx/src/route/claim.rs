@@ -25,7 +25,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         max: usize,
         wait: Duration,
     ) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
-        let stmts = self.stmts_for(queue)?;
+        let stmts = self.stmts_for(queue).await?;
         let deadline = tokio::time::Instant::now() + wait;
         let mut clock_rx = self.broker.clock().subscribe();
         let mut looked_again = false;
@@ -226,7 +226,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         queue: &str,
         receipt: &SqlReceipt,
     ) -> Result<bool, BrokerError> {
-        let stmts = self.stmts_for(queue)?;
+        let stmts = self.stmts_for(queue).await?;
         let mut conn = acquire(self.pool()?).await?;
         let new = self.broker.now() + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
         let v = Vals {

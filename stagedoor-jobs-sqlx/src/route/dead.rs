@@ -15,7 +15,8 @@ use crate::dialect::{Dialect, acquire, db_err};
 use crate::headers::HeaderDoc;
 use crate::locks::{ensure_bookkeeping, take_lock};
 use crate::receipt::IdValue;
-use crate::rows::Vals;
+use crate::rows::{RowRead, Vals};
+use crate::sql::Statements;
 
 /// The `stagedoor_locks` key marking job `id` of `queue` cancelled while running.
 pub(crate) fn cancel_mark(queue: &str, id: &str) -> String {
@@ -34,7 +35,7 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
         let Some(d) = found else {
             return Ok(Cancelled::NotFound);
         };
-        let stmts = self.stmts_for(queue)?;
+        let stmts = self.stmts_for(queue).await?;
         let v = Vals {
             id: Some(IdValue::parse(&stmts.table, &d.id)?),
             group: Some(queue.to_owned()),
@@ -78,18 +79,49 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
         selector: &DeadSelector,
         limit: usize,
     ) -> Result<Vec<DeadLetter>, BrokerError> {
-        let stmts = self.stmts_for(dead)?;
-        let v = Vals {
-            group: Some(dead.to_owned()),
-            ..Vals::default()
+        let stmts = self.stmts_for(dead).await?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        if let DeadSelector::Id(id) = selector {
+            // The rows that id can name, found by the index of the id (and the headers that
+            // may keep it as their job's id), not by reading the group.
+            let rows = self.rows_named(&stmts, dead, id).await?;
+            return Ok(rows
+                .iter()
+                .map(|r| self.dead_letter_of(dead, r))
+                .filter(|d| selector.matches(d))
+                .take(limit)
+                .collect());
+        }
+        // Newest first, a page at a time, until `limit` are selected: a listing reads about
+        // as many rows as it returns (more only for a kind that other rows are between).
+        let page = match selector {
+            DeadSelector::All => limit,
+            _ => limit.clamp(LIST_PAGE, 10 * LIST_PAGE),
         };
-        let rows = self.fetch(&stmts, &stmts.list, &v).await?;
-        Ok(rows
-            .iter()
-            .map(|r| self.dead_letter_of(dead, r))
-            .filter(|d| selector.matches(d))
-            .take(limit)
-            .collect())
+        let mut out = Vec::new();
+        let mut offset = 0_usize;
+        loop {
+            let v = Vals {
+                group: Some(dead.to_owned()),
+                limit: i64::try_from(page).unwrap_or(i64::MAX),
+                offset: i64::try_from(offset).unwrap_or(i64::MAX),
+                ..Vals::default()
+            };
+            let rows = self.fetch(&stmts, &stmts.list, &v).await?;
+            let read = rows.len();
+            out.extend(
+                rows.iter()
+                    .map(|r| self.dead_letter_of(dead, r))
+                    .filter(|d| selector.matches(d))
+                    .take(limit - out.len()),
+            );
+            if out.len() >= limit || read < page {
+                return Ok(out);
+            }
+            offset = offset.saturating_add(read);
+        }
     }
 
     async fn replay(
@@ -130,7 +162,7 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
                 self.exec(&stmts.replay_group, &v).await
             } else {
                 // The table form: copy back into the origin table and delete, in one transaction.
-                let dead_stmts = self.dead_table(dead)?;
+                let dead_stmts = self.dead_table(dead).await?;
                 async {
                     let mut tx = self.pool()?.begin().await.map_err(db_err)?;
                     let copy = dead_stmts.copy_into(self.table().name, false);
@@ -162,7 +194,7 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
 
     async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
         let letters = self.dead_letters(dead, selector, usize::MAX).await?;
-        let stmts = self.stmts_for(dead)?;
+        let stmts = self.stmts_for(dead).await?;
         let mut conn = acquire(self.pool()?).await?;
         let mut n = 0;
         for d in letters {
@@ -190,7 +222,50 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
     }
 }
 
+/// The rows one page of a listing by kind reads at least.
+const LIST_PAGE: usize = 200;
+
+/// `text` in a `LIKE` pattern whose escape character is `!`.
+fn like_escaped(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '!' | '%' | '_') {
+            out.push('!');
+        }
+        out.push(c);
+    }
+    out
+}
+
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
+    /// The rows of group (or dead-letter table) `dead` that `id` may name: the row of that id,
+    /// and the rows whose headers hold it as their job's id (a superset, checked by
+    /// [`DeadSelector::matches`] once read).
+    async fn rows_named(
+        &self,
+        stmts: &Statements,
+        dead: &str,
+        id: &str,
+    ) -> Result<Vec<RowRead>, BrokerError> {
+        let row_id = IdValue::parse(&stmts.table, id).ok();
+        let by_job = !Statements::lacks(&stmts.find_job);
+        let stmt = match (row_id.is_some(), by_job) {
+            (true, true) => &stmts.find_either,
+            (true, false) => &stmts.find_id,
+            (false, true) => &stmts.find_job,
+            (false, false) => return Ok(Vec::new()),
+        };
+        // The id as the headers' JSON writes it, quotes included.
+        let json = serde_json::to_string(id).map_err(|e| BrokerError::Backend(e.to_string()))?;
+        let v = Vals {
+            id: row_id,
+            group: Some(dead.to_owned()),
+            job_id: Some(format!("%{}%", like_escaped(&json))),
+            ..Vals::default()
+        };
+        self.fetch(stmts, stmt, &v).await
+    }
+
     /// [`Broker::cancelled`](stagedoor_jobs::Broker::cancelled): which of `ids` have a
     /// cancellation mark in `stagedoor_locks`.
     pub(super) async fn cancel_marks(

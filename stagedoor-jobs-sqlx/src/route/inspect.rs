@@ -20,7 +20,7 @@ impl<DB: Dialect, Row: Inbox> Inspect for SqlxRoute<DB, Row> {
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
-        let stmts = self.stmts_for(queue)?;
+        let stmts = self.stmts_for(queue).await?;
         // The connection first, then the time: a row published "now" by another task
         // while this query waited for a connection must not look delayed. A job due
         // within STATS_TOLERANCE counts as ready.
@@ -90,7 +90,7 @@ impl<DB: Dialect, Row: Inbox> Inspect for SqlxRoute<DB, Row> {
     }
 
     async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-        let stmts = self.stmts_for(queue).ok()?;
+        let stmts = self.stmts_for(queue).await.ok()?;
         if Statements::lacks(&stmts.next_due) {
             return None;
         }

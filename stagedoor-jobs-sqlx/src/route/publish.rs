@@ -13,9 +13,10 @@ use stagedoor_jobs::{Envelope, Inbox, Job, Priority};
 use super::{BACKDATE, SqlxRoute, fetch_in};
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::headers::HeaderDoc;
-use crate::locks::{ensure_bookkeeping, lock_holder, take_lock};
+use crate::locks::{create_bookkeeping_in, ensure_bookkeeping, lock_holder, take_lock};
 use crate::publish::{chunks, keyed_by_row, reports};
 use crate::rows::{Vals, params_rows, returned_ids};
+use crate::sql::Flavor;
 
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     fn encode_job(
@@ -88,14 +89,43 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     /// Publishes `job` inside the caller's own transaction (pass `&mut *tx`): the
     /// job exists if and only if that transaction commits. Returns what
     /// [`publish`](Self::publish) returns.
+    ///
+    /// A unique job ([`Job::unique`]) takes its key in the same transaction, as
+    /// [`publish`](Self::publish) does in its own: when the key is held, nothing is stored
+    /// and the holder's id is returned (not stored); when the transaction rolls back, the
+    /// key is free again. A unique job needs the route connected
+    /// ([`connect`](stagedoor_jobs::broker::Inspect::connect)), for the bookkeeping table
+    /// that keeps the keys.
     pub async fn publish_in(
         &self,
         conn: &mut DB::Connection,
         job: Job,
     ) -> Result<Published, BrokerError> {
         let stmts = Arc::clone(self.stmts()?);
-        let (queue, envelope, at) = job.into_parts(self.broker.now());
+        let now = self.broker.now();
+        let (queue, envelope, at) = job.into_parts(now);
         let v = self.encode_job(&queue, &envelope, at)?;
+        if let Some((guard, ttl)) =
+            stagedoor_jobs::broker::unique_guard_of(&queue, &envelope, at, now)
+        {
+            let pool = self.pool()?;
+            if self.broker.shared.bookkeeping.get().is_none() && DB::FLAVOR == Flavor::Sqlite {
+                // SQLite has one writer: the caller's transaction may hold the write lock
+                // already, so the tables are made (if missing) in it, not beside it.
+                create_bookkeeping_in::<DB>(conn).await?;
+            } else {
+                ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
+            }
+            let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
+            if !take_lock::<DB>(conn, &guard, envelope.id().as_str(), until, now).await? {
+                let holder = lock_holder::<DB>(conn, &guard).await?;
+                let id = match holder {
+                    Some(h) if !h.is_empty() => stagedoor_jobs::JobId::from_string(h),
+                    _ => envelope.id().clone(),
+                };
+                return Ok(Published::already_there(id));
+            }
+        }
         let rows = fetch_in::<DB>(conn, &stmts.insert_notify, &v, self.table()).await?;
         let returned = returned_ids::<DB>(&rows)?;
         self.broker.wake_all();

@@ -66,9 +66,8 @@ impl<DB: Dialect, Row: Inbox> Locks for SqlxRoute<DB, Row> {
     ) -> Result<Permits, BrokerError> {
         let pool = self.pool()?;
         ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
-        let now = self.broker.now();
-        let until = now + stagedoor_jobs::broker::chrono_duration(ttl);
-        crate::locks::take_permits::<DB>(pool, key, limit, tokens, now, until).await
+        let clock = self.broker.clock();
+        crate::locks::take_permits::<DB>(pool, key, limit, tokens, &clock, ttl).await
     }
 
     async fn renew_permits(

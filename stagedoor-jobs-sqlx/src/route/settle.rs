@@ -25,7 +25,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         delivery: &Delivery<SqlReceipt>,
         settlement: Settlement,
     ) -> Result<Settled, BrokerError> {
-        let stmts = self.stmts_for(queue)?;
+        let stmts = self.stmts_for(queue).await?;
         let now = self.broker.now();
         let receipt = &delivery.receipt;
         let leases = receipt.leases();
@@ -104,7 +104,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 let table = if self.grouped() {
                     None
                 } else {
-                    Some((target.clone(), self.dead_table(&target)?))
+                    Some((target.clone(), self.dead_table(&target).await?))
                 };
                 if batched {
                     Op::Dead {

@@ -8,6 +8,9 @@ use super::{Names, P, Stmt, col};
 pub(super) struct Inspects {
     pub(super) stats: Stmt,
     pub(super) list: Stmt,
+    pub(super) find_id: Stmt,
+    pub(super) find_job: Stmt,
+    pub(super) find_either: Stmt,
     pub(super) delayed: Stmt,
     pub(super) replay_group: Stmt,
     pub(super) purge: Stmt,
@@ -37,17 +40,50 @@ pub(super) fn build(n: &Names) -> Inspects {
         );
     }
 
+    // A group's rows, newest first, a page at a time: at most `Limit` rows after the first
+    // `Offset`.
+    let order = due
+        .as_ref()
+        .map_or(format!("{id} DESC"), |d| format!("{d} DESC, {id} DESC"));
     let mut list = Stmt::default();
     {
         let gc = n.group_cond(&mut list);
-        let order = due
-            .as_ref()
-            .map_or(format!("{id} DESC"), |d| format!("{d} DESC, {id} DESC"));
+        let limit = list.p(P::Limit);
+        let offset = list.p(P::Offset);
         list.sql = format!(
-            "SELECT {} FROM {t} WHERE {gc} ORDER BY {order}",
+            "SELECT {} FROM {t} WHERE {gc} ORDER BY {order} LIMIT {limit} OFFSET {offset}",
             n.reads(n.attempt_read())
         );
     }
+
+    // The rows of a group that one id may name (see `DeadSelector::Id`): the row of that id
+    // (`find_id`), the rows whose headers may hold it as their job's id (`find_job`: `JobId`
+    // is a `LIKE` pattern, the rows it takes are checked once read), or either
+    // (`find_either`). Empty without a headers column.
+    let find = |by_id: bool, by_job: bool| {
+        let mut s = Stmt::default();
+        let gc = n.group_cond(&mut s);
+        let mut conds = Vec::new();
+        if by_id {
+            conds.push(n.id_cond(&mut s));
+        }
+        if by_job {
+            let Some(h) = col(n.table.headers) else {
+                return Stmt::default();
+            };
+            let pat = s.p(P::JobId);
+            conds.push(format!("CAST({h} AS TEXT) LIKE {pat} ESCAPE '!'"));
+        }
+        s.sql = format!(
+            "SELECT {} FROM {t} WHERE {gc} AND ({}) ORDER BY {order}",
+            n.reads(n.attempt_read()),
+            conds.join(" OR ")
+        );
+        s
+    };
+    let find_id = find(true, false);
+    let find_job = find(false, true);
+    let find_either = find(true, true);
 
     // The rows of a group due later than now, soonest first (none without a due column).
     let mut delayed = Stmt::default();
@@ -113,6 +149,9 @@ pub(super) fn build(n: &Names) -> Inspects {
     Inspects {
         stats,
         list,
+        find_id,
+        find_job,
+        find_either,
         delayed,
         replay_group,
         purge,
