@@ -63,6 +63,8 @@
 //! - `unique.rs`: unique jobs, their window, racing publishes, keys by payload;
 //! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
 //! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
+//! - `model.rs` (and `model/`): [`run_model`], the model-based random test of the broker
+//!   contract each backend runs from its own test file (`tests/model_*.rs`);
 //! - `fixture.rs`: [`Fixture`], what a backend provides to run the suite.
 //! - `support.rs`: what the rows share (timings, the test job, the probe, the handlers).
 
@@ -73,6 +75,7 @@ mod crash_and_lease;
 mod fixture;
 mod headers_and_stats;
 mod limits;
+mod model;
 mod outcomes;
 mod priority;
 mod publish;
@@ -138,7 +141,8 @@ pub use unique::{
     unique_publishes_at_once_store_one_job,
 };
 
-pub use fixture::Fixture;
+pub use fixture::{Fixture, Junk};
+pub use model::{ModelRun, run_model};
 
 /// Runs the whole conformance suite against a [`Fixture`]: one
 /// `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per row, named after the row's
