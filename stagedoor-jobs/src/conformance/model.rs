@@ -21,7 +21,10 @@
 //! Environment:
 //! - `STAGEDOOR_MODEL_SEED=<seed>`: run only that seed;
 //! - `STAGEDOOR_MODEL_SOAK=<seconds>`: run random seeds for that long, report each failing
-//!   seed, and fail at the end if any did (`scripts/soak`).
+//!   seed, and fail at the end if any did (`scripts/soak`);
+//! - `STAGEDOOR_MODEL_SKIP=<kind>,...`: leave out steps of these kinds (`publish-huge`,
+//!   `publish-in`, `junk`, ...) and hand edits of these [`Junk`] kinds (`DelayedMember`,
+//!   ...), to look past a known defect.
 //!
 //! Without either, a run takes the fixed seeds given plus one random seed, printed.
 
@@ -31,7 +34,7 @@ mod shrink;
 
 use std::time::{Duration, Instant};
 
-use super::fixture::Fixture;
+use super::fixture::{Fixture, Junk};
 use exec::{Exec, Failed, Ran};
 use ops::Op;
 
@@ -80,12 +83,19 @@ async fn run_once<F: Fixture>(fixture: &F, run: &ModelRun, ops: &[Op]) -> Result
     Exec::new(fixture, run.lease).await?.run(ops).await
 }
 
-fn show(ops: &[Op], step: Option<usize>) -> String {
+/// The steps, one a line, numbered, the hand edits named by the fixture's kinds.
+fn show(ops: &[Op], step: Option<usize>, kinds: &[Junk]) -> String {
     ops.iter()
         .enumerate()
         .map(|(n, op)| {
             let mark = if Some(n) == step { "  <- fails here" } else { "" };
-            format!("  {n:>3}. {op}{mark}\n")
+            let text = match op {
+                Op::Junk { pick, id } if !kinds.is_empty() => {
+                    format!("hand edit: {:?} ({id})", kinds[pick % kinds.len()])
+                }
+                _ => op.to_string(),
+            };
+            format!("  {n:>3}. {text}{mark}\n")
         })
         .collect()
 }
@@ -109,7 +119,7 @@ async fn run_seed<F: Fixture>(fixture: &F, run: &ModelRun, seed: u64) -> Result<
         m = small.len(),
         kind2 = last.kind,
         message2 = last.message,
-        steps = show(&small, last.step),
+        steps = show(&small, last.step, &fixture.junk_kinds()),
         rerun = run.rerun,
     ))
 }

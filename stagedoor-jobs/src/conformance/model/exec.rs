@@ -114,6 +114,9 @@ pub(super) struct Exec<'f, F: Fixture> {
     claim_errors: usize,
     last_claim_error: Option<String>,
     ran: Ran,
+    /// Step kinds (`Op::name`) and junk kinds (`Junk` by name) left out
+    /// (`STAGEDOOR_MODEL_SKIP`).
+    skip: Vec<String>,
 }
 
 async fn call<T>(what: &str, fut: impl Future<Output = T>) -> Result<T, Failed> {
@@ -159,6 +162,12 @@ impl<'f, F: Fixture> Exec<'f, F> {
             claim_errors: 0,
             last_claim_error: None,
             ran: Ran::default(),
+            skip: std::env::var("STAGEDOOR_MODEL_SKIP")
+                .unwrap_or_default()
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect(),
         })
     }
 
@@ -203,6 +212,19 @@ impl<'f, F: Fixture> Exec<'f, F> {
     }
 
     async fn step(&mut self, op: &Op) -> Result<(), Failed> {
+        if self.skip.iter().any(|s| s == op.name()) {
+            self.ran.skipped += 1;
+            return Ok(());
+        }
+        if let Op::Junk { pick, .. } = op {
+            let kinds = self.fixture.junk_kinds();
+            if let Some(kind) = kinds.get(pick % kinds.len().max(1))
+                && self.skip.iter().any(|s| *s == format!("{kind:?}"))
+            {
+                self.ran.skipped += 1;
+                return Ok(());
+            }
+        }
         match op {
             Op::Publish {
                 id,

@@ -88,6 +88,28 @@ pub(super) enum Op {
     Junk { pick: usize, id: String },
 }
 
+impl Op {
+    /// The step's kind, as `STAGEDOOR_MODEL_SKIP` names it.
+    pub(super) fn name(&self) -> &'static str {
+        match self {
+            Op::Publish { .. } => "publish",
+            Op::PublishDup { .. } => "publish-dup",
+            Op::PublishUnique { .. } => "publish-unique",
+            Op::PublishIn { .. } => "publish-in",
+            Op::PublishHuge { .. } => "publish-huge",
+            Op::Claim { .. } => "claim",
+            Op::Settle { .. } => "settle",
+            Op::Renew { .. } => "renew",
+            Op::Crash { .. } => "crash",
+            Op::Cancel { .. } => "cancel",
+            Op::Replay { .. } => "replay",
+            Op::Sleep(_) => "sleep",
+            Op::Stats => "stats",
+            Op::Junk { .. } => "junk",
+        }
+    }
+}
+
 fn ms(d: Duration) -> String {
     format!("{}ms", d.as_millis())
 }
