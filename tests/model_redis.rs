@@ -3,8 +3,7 @@
 //! each sequence in a namespace of its own, with hand edits of the queue's keys (a junk member
 //! in `{q}:delayed`, a junk stream entry, a key of the wrong type where a level's stream goes).
 //!
-//! Seeds kept out of the fixed set until the defects they find are fixed (see the issue 29
-//! report): none found on standalone or Cluster that pass the rest; see `SEEDS`.
+//! Step kinds kept out of CI until the defects they find are fixed: `KNOWN`.
 
 mod common_redis;
 
@@ -139,6 +138,12 @@ impl Fixture for RedisModel {
 const LEASE: Duration = Duration::from_secs(1);
 const STEPS: usize = 40;
 
+/// Left out of CI until fixed (issue 29): a publish whose XADD fails (5,000 headers: Lua's
+/// unpack limit; a level's stream key of the wrong type) leaves its id in `{q}:ids`, so its
+/// retry is told "already there" and the job is lost; a junk member in `{q}:delayed` stops
+/// every claim of the queue.
+const KNOWN: &[&str] = &["publish-huge", "WrongTypeKey", "DelayedMember"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
 async fn standalone() {
@@ -147,9 +152,10 @@ async fn standalone() {
         ModelRun {
             backend: "redis",
             rerun: "--test model_redis standalone",
-            seeds: &[1, 2, 3, 4, 5],
+            seeds: &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             steps: STEPS,
             lease: LEASE,
+            known_defects: KNOWN,
         },
     )
     .await;
@@ -163,9 +169,10 @@ async fn cluster() {
         ModelRun {
             backend: "redis-cluster",
             rerun: "--test model_redis cluster",
-            seeds: &[1, 2, 3, 4, 5],
+            seeds: &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
             steps: STEPS,
             lease: LEASE,
+            known_defects: KNOWN,
         },
     )
     .await;

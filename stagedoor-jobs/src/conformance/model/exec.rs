@@ -128,14 +128,19 @@ async fn call<T>(what: &str, fut: impl Future<Output = T>) -> Result<T, Failed> 
 impl<'f, F: Fixture> Exec<'f, F> {
     /// A fresh broker of `fixture` with `lease`, connected, the queue prepared; on a manual
     /// clock when the broker can follow one.
-    pub(super) async fn new(fixture: &'f F, lease: Duration) -> Result<Self, Failed> {
+    pub(super) async fn new(
+        fixture: &'f F,
+        lease: Duration,
+        skip: Vec<String>,
+    ) -> Result<Self, Failed> {
         let broker = fixture.broker_with_lease(lease).await;
         call("connect", broker.connect())
             .await?
             .map_err(|e| fail("setup", format!("connect: {e}")))?;
         let start = Utc::now();
         let clock = Clock::manual(start);
-        let manual = broker.use_clock(&clock).then_some((clock, start));
+        // Only a fixture on the paused clock moves time by hand: a server backend keeps its own.
+        let manual = (fixture.paused() && broker.use_clock(&clock)).then_some((clock, start));
         call("prepare", broker.prepare(QUEUE))
             .await?
             .map_err(|e| fail("setup", format!("prepare: {e}")))?;
@@ -162,12 +167,7 @@ impl<'f, F: Fixture> Exec<'f, F> {
             claim_errors: 0,
             last_claim_error: None,
             ran: Ran::default(),
-            skip: std::env::var("STAGEDOOR_MODEL_SKIP")
-                .unwrap_or_default()
-                .split(',')
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-                .collect(),
+            skip,
         })
     }
 

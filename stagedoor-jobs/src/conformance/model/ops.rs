@@ -95,6 +95,7 @@ impl Op {
             Op::Publish { .. } => "publish",
             Op::PublishDup { .. } => "publish-dup",
             Op::PublishUnique { .. } => "publish-unique",
+            Op::PublishIn { key: Some(_), .. } => "publish-in-unique",
             Op::PublishIn { .. } => "publish-in",
             Op::PublishHuge { .. } => "publish-huge",
             Op::Claim { .. } => "claim",

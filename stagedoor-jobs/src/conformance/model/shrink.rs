@@ -17,6 +17,7 @@ const MAX_TIME: Duration = Duration::from_secs(120);
 pub(super) async fn shrink<F: Fixture>(
     fixture: &F,
     run: &ModelRun,
+    skip: &[String],
     mut ops: Vec<Op>,
     failed: &Failed,
 ) -> (Vec<Op>, Failed) {
@@ -25,7 +26,7 @@ pub(super) async fn shrink<F: Fixture>(
     // Everything after the failing step is not needed to fail there (the end's drain is).
     if let Some(step) = failed.step {
         let cut = ops[..=step].to_vec();
-        if let Err(f) = run_once(fixture, run, &cut).await
+        if let Err(f) = run_once(fixture, run, skip, &cut).await
             && f.kind == failed.kind
         {
             ops = cut;
@@ -43,7 +44,7 @@ pub(super) async fn shrink<F: Fixture>(
             let mut candidate = ops[..start].to_vec();
             candidate.extend_from_slice(&ops[end..]);
             runs += 1;
-            match run_once(fixture, run, &candidate).await {
+            match run_once(fixture, run, skip, &candidate).await {
                 Err(f) if f.kind == failed.kind => {
                     ops = candidate;
                     last = f;
