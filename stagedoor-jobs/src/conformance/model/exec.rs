@@ -81,10 +81,12 @@ struct ModelJob {
 #[derive(Clone, Copy, Debug)]
 enum Key {
     Held(usize),
-    /// Its job finished: free again between `lo` and `hi`.
+    /// Its job `owner` finished: free again between `lo` and `hi`. The guard still names
+    /// `owner`: a replay of it settled starts the window again, a cancel of it frees the key.
     Until {
         lo: Duration,
         hi: Duration,
+        owner: usize,
     },
 }
 
@@ -372,7 +374,7 @@ impl<'f, F: Fixture> Exec<'f, F> {
                     (None, None)
                 }
             }
-            Some(Key::Until { lo, hi }) => {
+            Some(Key::Until { lo, hi, .. }) => {
                 if t1 + self.slack < *lo {
                     (Some(false), None)
                 } else if t0 > *hi + self.slack {
@@ -661,12 +663,17 @@ impl<'f, F: Fixture> Exec<'f, F> {
         Ok(())
     }
 
+    /// Whether the guard of `key` names job `j` (held, or in the window after it finished).
+    fn owns(&self, key: char, j: usize) -> bool {
+        matches!(self.keys.get(&key), Some(Key::Held(h) | Key::Until { owner: h, .. }) if *h == j)
+    }
+
     /// What the runtime does at a unique job's settlement: its window starts.
     async fn finish_unique(&mut self, j: usize) -> Result<(), Failed> {
         let Some((key, window)) = self.jobs[j].key else {
             return Ok(());
         };
-        if !matches!(self.keys.get(&key), Some(Key::Held(h)) if *h == j) {
+        if !self.owns(key, j) {
             return Ok(());
         }
         let id = JobId::from_string(self.jobs[j].id.clone());
@@ -684,6 +691,7 @@ impl<'f, F: Fixture> Exec<'f, F> {
             Key::Until {
                 lo: t0 + window,
                 hi: t1 + window,
+                owner: j,
             },
         );
         Ok(())
@@ -759,7 +767,7 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 }
                 self.jobs[j].st = St::Cancelled;
                 if let Some((key, _)) = self.jobs[j].key
-                    && matches!(self.keys.get(&key), Some(Key::Held(h)) if *h == j)
+                    && self.owns(key, j)
                 {
                     self.keys.remove(&key);
                 }
