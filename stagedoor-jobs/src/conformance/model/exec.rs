@@ -679,13 +679,25 @@ impl<'f, F: Fixture> Exec<'f, F> {
         let id = JobId::from_string(self.jobs[j].id.clone());
         let guard = crate::envelope::unique_guard(QUEUE, &key.to_string());
         let t0 = self.now();
-        call(
+        let held = matches!(self.keys.get(&key), Some(Key::Held(_)));
+        let found = call(
             "finish_guard",
             self.broker.finish_guard(QUEUE, &guard, &id, window),
         )
         .await?
         .map_err(|e| fail("finish_guard failed", format!("finish_guard of {id}: {e}")))?;
         let t1 = self.now();
+        if !found {
+            if held {
+                return Err(fail(
+                    "unique key not held",
+                    format!("finish_guard of {id} found no guard of key {key}, which it holds"),
+                ));
+            }
+            // The window after an earlier settlement (before a replay) ran out: the key is free.
+            self.keys.remove(&key);
+            return Ok(());
+        }
         self.keys.insert(
             key,
             Key::Until {
