@@ -34,7 +34,9 @@ async fn model() {
         ModelRun {
             backend: "memory",
             rerun: "--test model_memory model",
-            seeds: &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+            seeds: &[
+                1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+            ],
             steps: 120,
             lease: Duration::from_secs(1),
             known_defects: KNOWN,

@@ -79,14 +79,23 @@ impl Fixture for PostgresModel {
         } else {
             tx.rollback().await
         };
-        Some(end.map_err(|e| BrokerError::Backend(format!("commit or rollback: {e}"))).and(got))
+        Some(
+            end.map_err(|e| BrokerError::Backend(format!("commit or rollback: {e}")))
+                .and(got),
+        )
     }
 
     fn junk_kinds(&self) -> Vec<Junk> {
         SQL_JUNK.to_vec()
     }
 
-    async fn store_junk(&self, route: &Route, queue: &str, junk: Junk, id: &str) -> Result<(), String> {
+    async fn store_junk(
+        &self,
+        route: &Route,
+        queue: &str,
+        junk: Junk,
+        id: &str,
+    ) -> Result<(), String> {
         let sql = junk_row(junk, false)?;
         let pool = route.broker().pool().ok_or("the route is not connected")?;
         sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -104,7 +113,10 @@ impl Fixture for PostgresModel {
 const KNOWN: &[&str] = &["publish-in-unique"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(stagedoor_postgres), ignore = "needs Postgres: run scripts/test-all")]
+#[cfg_attr(
+    not(stagedoor_postgres),
+    ignore = "needs Postgres: run scripts/test-all"
+)]
 async fn model() {
     run_model(
         PostgresModel,

@@ -162,7 +162,10 @@ async fn standalone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(stagedoor_cluster), ignore = "needs a Redis Cluster: run scripts/test-all")]
+#[cfg_attr(
+    not(stagedoor_cluster),
+    ignore = "needs a Redis Cluster: run scripts/test-all"
+)]
 async fn cluster() {
     run_model(
         RedisModel::new(On::Cluster).await,

@@ -65,14 +65,23 @@ impl Fixture for SqliteModel {
         } else {
             tx.rollback().await
         };
-        Some(end.map_err(|e| BrokerError::Backend(format!("commit or rollback: {e}"))).and(got))
+        Some(
+            end.map_err(|e| BrokerError::Backend(format!("commit or rollback: {e}")))
+                .and(got),
+        )
     }
 
     fn junk_kinds(&self) -> Vec<Junk> {
         SQL_JUNK.to_vec()
     }
 
-    async fn store_junk(&self, route: &Route, queue: &str, junk: Junk, id: &str) -> Result<(), String> {
+    async fn store_junk(
+        &self,
+        route: &Route,
+        queue: &str,
+        junk: Junk,
+        id: &str,
+    ) -> Result<(), String> {
         let sql = junk_row(junk, true)?;
         let pool = route.broker().pool().ok_or("the route is not connected")?;
         sqlx::query(sqlx::AssertSqlSafe(sql))

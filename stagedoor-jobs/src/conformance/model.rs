@@ -110,7 +110,11 @@ fn show(ops: &[Op], step: Option<usize>, kinds: &[Junk]) -> String {
     ops.iter()
         .enumerate()
         .map(|(n, op)| {
-            let mark = if Some(n) == step { "  <- fails here" } else { "" };
+            let mark = if Some(n) == step {
+                "  <- fails here"
+            } else {
+                ""
+            };
             let text = match op {
                 Op::Junk { pick, id } if !kinds.is_empty() => {
                     format!("hand edit: {:?} ({id})", kinds[pick % kinds.len()])

@@ -50,11 +50,17 @@ enum St {
     /// Never stored (its publish failed, or its transaction rolled back).
     NotStored,
     Ready,
-    Delayed { lo: Duration, hi: Duration },
+    Delayed {
+        lo: Duration,
+        hi: Duration,
+    },
     /// Held by a delivery of ours (in `held`).
     Held,
     /// Claimed and abandoned (a crash, a lost lease): claimable once the lease is over.
-    Orphan { lo: Duration, hi: Duration },
+    Orphan {
+        lo: Duration,
+        hi: Duration,
+    },
     Dead,
     Done,
     Cancelled,
@@ -122,9 +128,12 @@ pub(super) struct Exec<'f, F: Fixture> {
 }
 
 async fn call<T>(what: &str, fut: impl Future<Output = T>) -> Result<T, Failed> {
-    tokio::time::timeout(CALL_LIMIT, fut)
-        .await
-        .map_err(|_| fail("hung", format!("{what} did not return within {CALL_LIMIT:?}")))
+    tokio::time::timeout(CALL_LIMIT, fut).await.map_err(|_| {
+        fail(
+            "hung",
+            format!("{what} did not return within {CALL_LIMIT:?}"),
+        )
+    })
 }
 
 impl<'f, F: Fixture> Exec<'f, F> {
@@ -187,7 +196,13 @@ impl<'f, F: Fixture> Exec<'f, F> {
         }
     }
 
-    fn add_job(&mut self, id: &str, st: St, key: Option<(char, Duration)>, headers: usize) -> usize {
+    fn add_job(
+        &mut self,
+        id: &str,
+        st: St,
+        key: Option<(char, Duration)>,
+        headers: usize,
+    ) -> usize {
         let n = self.jobs.len();
         self.jobs.push(ModelJob {
             id: id.to_owned(),
@@ -310,11 +325,19 @@ impl<'f, F: Fixture> Exec<'f, F> {
         Ok(())
     }
 
-    async fn publish(&mut self, id: &str, delay: Duration, priority: Priority) -> Result<(), Failed> {
+    async fn publish(
+        &mut self,
+        id: &str,
+        delay: Duration,
+        priority: Priority,
+    ) -> Result<(), Failed> {
         let t0 = self.now();
-        let p = call("publish", self.broker.publish_job(Self::job(id, delay, priority)))
-            .await?
-            .map_err(|e| fail("publish failed", format!("publish of {id}: {e}")))?;
+        let p = call(
+            "publish",
+            self.broker.publish_job(Self::job(id, delay, priority)),
+        )
+        .await?
+        .map_err(|e| fail("publish failed", format!("publish of {id}: {e}")))?;
         let t1 = self.now();
         Self::check_new(id, "publish", &p)?;
         self.add_job(id, Self::due_state(delay, t0, t1), None, 0);
@@ -342,13 +365,17 @@ impl<'f, F: Fixture> Exec<'f, F> {
         if before.alive() && p.is_stored() {
             return Err(fail(
                 "duplicate stored",
-                format!("{id} is {before:?} in the model, yet publishing its id again stored a second job"),
+                format!(
+                    "{id} is {before:?} in the model, yet publishing its id again stored a second job"
+                ),
             ));
         }
         if matches!(before, St::NotStored | St::Cancelled) && !p.is_stored() {
             return Err(fail(
                 "lost job",
-                format!("{id} is {before:?} (not in the queue), yet publishing it was told it is already there: the job is lost"),
+                format!(
+                    "{id} is {before:?} (not in the queue), yet publishing it was told it is already there: the job is lost"
+                ),
             ));
         }
         if p.is_stored() {
@@ -363,7 +390,12 @@ impl<'f, F: Fixture> Exec<'f, F> {
 
     /// What a unique publish of `key` must do now: `Some(true)` store, `Some(false)` not store
     /// (with the holder's id), `None` either (at the edge of a window).
-    fn unique_expect(&self, key: char, t0: Duration, t1: Duration) -> (Option<bool>, Option<String>) {
+    fn unique_expect(
+        &self,
+        key: char,
+        t0: Duration,
+        t1: Duration,
+    ) -> (Option<bool>, Option<String>) {
         match self.keys.get(&key) {
             None => (Some(true), None),
             Some(Key::Held(j)) => {
@@ -409,13 +441,19 @@ impl<'f, F: Fixture> Exec<'f, F> {
             (Some(false), Some(holder)) if p.id().as_str() != holder => {
                 return Err(fail(
                     "wrong id",
-                    format!("{what} of {id} with unique key {key} named {} as the holder, not {holder}", p.id()),
+                    format!(
+                        "{what} of {id} with unique key {key} named {} as the holder, not {holder}",
+                        p.id()
+                    ),
                 ));
             }
             (Some(true), _) if !p.is_stored() => {
                 return Err(fail(
                     "unique key held too long",
-                    format!("{what} of {id} with unique key {key} (free in the model) stored nothing: told {} holds it", p.id()),
+                    format!(
+                        "{what} of {id} with unique key {key} (free in the model) stored nothing: told {} holds it",
+                        p.id()
+                    ),
                 ));
             }
             _ => {}
@@ -448,14 +486,23 @@ impl<'f, F: Fixture> Exec<'f, F> {
         self.check_unique(id, "publish", key, window, &p, expect, st)
     }
 
-    async fn publish_in(&mut self, id: &str, key: Option<char>, commit: bool) -> Result<(), Failed> {
+    async fn publish_in(
+        &mut self,
+        id: &str,
+        key: Option<char>,
+        commit: bool,
+    ) -> Result<(), Failed> {
         const WINDOW: Duration = Duration::from_millis(2000);
         let mut job = Self::job(id, Duration::ZERO, Priority::NORMAL);
         if let Some(k) = key {
             job = job.unique(k.to_string(), WINDOW);
         }
         let t0 = self.now();
-        let Some(got) = call("publish_in", self.fixture.publish_in(&self.broker, job, commit)).await?
+        let Some(got) = call(
+            "publish_in",
+            self.fixture.publish_in(&self.broker, job, commit),
+        )
+        .await?
         else {
             self.ran.skipped += 1;
             return Ok(());
@@ -474,7 +521,15 @@ impl<'f, F: Fixture> Exec<'f, F> {
             }
             Some(k) => {
                 let expect = self.unique_expect(k, t0, t1);
-                self.check_unique(id, "publish_in (committed)", k, WINDOW, &p, expect, St::Ready)
+                self.check_unique(
+                    id,
+                    "publish_in (committed)",
+                    k,
+                    WINDOW,
+                    &p,
+                    expect,
+                    St::Ready,
+                )
             }
         }
     }
@@ -490,13 +545,21 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 self.add_job(id, St::Ready, None, headers);
                 Ok(())
             }
-            Err(first) => self.publish_again(id, Priority::NORMAL, &first.to_string()).await,
+            Err(first) => {
+                self.publish_again(id, Priority::NORMAL, &first.to_string())
+                    .await
+            }
         }
     }
 
     /// After a publish of `id` failed with `first`: the same job published again (plainly)
     /// must be stored, since nothing was.
-    async fn publish_again(&mut self, id: &str, priority: Priority, first: &str) -> Result<(), Failed> {
+    async fn publish_again(
+        &mut self,
+        id: &str,
+        priority: Priority,
+        first: &str,
+    ) -> Result<(), Failed> {
         let p = call(
             "publish",
             self.broker
@@ -512,7 +575,9 @@ impl<'f, F: Fixture> Exec<'f, F> {
         if !p.is_stored() {
             return Err(fail(
                 "lost job",
-                format!("publish of {id} failed ({first}); publishing it again was told the id is already there, yet nothing was stored: the job is lost"),
+                format!(
+                    "publish of {id} failed ({first}); publishing it again was told the id is already there, yet nothing was stored: the job is lost"
+                ),
             ));
         }
         self.add_job(id, St::Ready, None, 0);
@@ -557,7 +622,10 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 self.junk_held.push(d);
                 return Ok(());
             }
-            return Err(fail("unknown job", format!("claim delivered {id}, which was never published")));
+            return Err(fail(
+                "unknown job",
+                format!("claim delivered {id}, which was never published"),
+            ));
         };
         let lease = self.lease;
         let surely_live = |lo: Duration| t1 + self.slack < lo + lease;
@@ -567,7 +635,9 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 if t1 + self.slack < lo {
                     return Err(fail(
                         "delivered early",
-                        format!("{id} was delivered before it was due (due at {lo:?} at the earliest, claimed by {t1:?})"),
+                        format!(
+                            "{id} was delivered before it was due (due at {lo:?} at the earliest, claimed by {t1:?})"
+                        ),
                     ));
                 }
             }
@@ -580,7 +650,10 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 if surely_live(self.held[h].lo) {
                     return Err(fail(
                         "delivered twice",
-                        format!("{id} was delivered again while its lease (from {:?}, {lease:?}) was live and unsettled", self.held[h].lo),
+                        format!(
+                            "{id} was delivered again while its lease (from {:?}, {lease:?}) was live and unsettled",
+                            self.held[h].lo
+                        ),
                     ));
                 }
                 self.held.remove(h);
@@ -589,7 +662,9 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 if surely_live(lo) {
                     return Err(fail(
                         "delivered twice",
-                        format!("{id} was delivered again while the lease of its abandoned delivery (from {lo:?}, {lease:?}) was live"),
+                        format!(
+                            "{id} was delivered again while the lease of its abandoned delivery (from {lo:?}, {lease:?}) was live"
+                        ),
                     ));
                 }
             }
@@ -605,13 +680,20 @@ impl<'f, F: Fixture> Exec<'f, F> {
         if attempt != job.attempts + 1 {
             return Err(fail(
                 "attempt",
-                format!("{id} was delivered as attempt {attempt}; the model counts {} claims before", job.attempts),
+                format!(
+                    "{id} was delivered as attempt {attempt}; the model counts {} claims before",
+                    job.attempts
+                ),
             ));
         }
         if d.envelope.headers().extra.len() < job.headers {
             return Err(fail(
                 "headers lost",
-                format!("{id} was published with {} headers and delivered with {}", job.headers, d.envelope.headers().extra.len()),
+                format!(
+                    "{id} was published with {} headers and delivered with {}",
+                    job.headers,
+                    d.envelope.headers().extra.len()
+                ),
             ));
         }
         job.attempts = attempt;
@@ -625,7 +707,11 @@ impl<'f, F: Fixture> Exec<'f, F> {
         Ok(())
     }
 
-    async fn settle(&mut self, h: Held<<F::Broker as Broker>::Receipt>, how: How) -> Result<(), Failed> {
+    async fn settle(
+        &mut self,
+        h: Held<<F::Broker as Broker>::Receipt>,
+        how: How,
+    ) -> Result<(), Failed> {
         let j = h.job;
         let id = self.jobs[j].id.clone();
         let t0 = self.now();
@@ -718,9 +804,12 @@ impl<'f, F: Fixture> Exec<'f, F> {
         let id = self.jobs[self.held[h].job].id.clone();
         let t0 = self.now();
         let surely_live = t0 + self.slack < self.held[h].lo + self.lease;
-        let ok = call("renew", self.broker.renew(QUEUE, &self.held[h].delivery.receipt))
-            .await?
-            .map_err(|e| fail("renew failed", format!("renew of {id}: {e}")))?;
+        let ok = call(
+            "renew",
+            self.broker.renew(QUEUE, &self.held[h].delivery.receipt),
+        )
+        .await?
+        .map_err(|e| fail("renew failed", format!("renew of {id}: {e}")))?;
         let t1 = self.now();
         if ok {
             self.held[h].lo = t0;
@@ -769,7 +858,9 @@ impl<'f, F: Fixture> Exec<'f, F> {
         if !allowed.contains(&got) {
             return Err(fail(
                 "cancel",
-                format!("cancel of {id}, {st:?} in the model, answered {got:?}; expected one of {allowed:?}"),
+                format!(
+                    "cancel of {id}, {st:?} in the model, answered {got:?}; expected one of {allowed:?}"
+                ),
             ));
         }
         match got {
@@ -785,13 +876,18 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 }
             }
             Cancelled::Running => {
-                let marked = call("cancelled", self.broker.cancelled(QUEUE, std::slice::from_ref(&id)))
-                    .await?
-                    .map_err(|e| fail("cancelled failed", format!("cancelled of {id}: {e}")))?;
+                let marked = call(
+                    "cancelled",
+                    self.broker.cancelled(QUEUE, std::slice::from_ref(&id)),
+                )
+                .await?
+                .map_err(|e| fail("cancelled failed", format!("cancelled of {id}: {e}")))?;
                 if !marked.contains(&id) {
                     return Err(fail(
                         "cancel",
-                        format!("cancel of the running {id} answered Running, but `cancelled` does not list it"),
+                        format!(
+                            "cancel of the running {id} answered Running, but `cancelled` does not list it"
+                        ),
                     ));
                 }
             }
@@ -847,7 +943,10 @@ impl<'f, F: Fixture> Exec<'f, F> {
             if self.manual.is_some() || tries > 10 {
                 return Err(fail(
                     "stats",
-                    format!("stats count {got} jobs ({s:?}); the model has {want} in the queue: {}", self.alive_list()),
+                    format!(
+                        "stats count {got} jobs ({s:?}); the model has {want} in the queue: {}",
+                        self.alive_list()
+                    ),
                 ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -861,9 +960,17 @@ impl<'f, F: Fixture> Exec<'f, F> {
             return Ok(());
         }
         let kind = kinds[pick % kinds.len()];
-        call("store_junk", self.fixture.store_junk(&self.broker, QUEUE, kind, id))
-            .await?
-            .map_err(|e| fail("fixture", format!("the fixture could not store {kind:?}: {e}")))?;
+        call(
+            "store_junk",
+            self.fixture.store_junk(&self.broker, QUEUE, kind, id),
+        )
+        .await?
+        .map_err(|e| {
+            fail(
+                "fixture",
+                format!("the fixture could not store {kind:?}: {e}"),
+            )
+        })?;
         if kind != Junk::WrongTypeKey {
             self.junk_stored += 1;
             return Ok(());
@@ -878,7 +985,11 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 .publish_job(Self::job(&good, Duration::ZERO, level)),
         )
         .await?;
-        call("repair_junk", self.fixture.repair_junk(&self.broker, QUEUE, kind)).await?;
+        call(
+            "repair_junk",
+            self.fixture.repair_junk(&self.broker, QUEUE, kind),
+        )
+        .await?;
         match first {
             Ok(p) => {
                 Self::check_new(&good, "publish over a key of the wrong type", &p)?;
@@ -933,7 +1044,12 @@ impl<'f, F: Fixture> Exec<'f, F> {
             }
             for d in std::mem::take(&mut self.junk_held) {
                 // The junk is acknowledged if the broker lets us; it may refuse.
-                let _ = call("settle", self.broker.settle(QUEUE, &d, How::Ack.settlement(&self.dead))).await?;
+                let _ = call(
+                    "settle",
+                    self.broker
+                        .settle(QUEUE, &d, How::Ack.settlement(&self.dead)),
+                )
+                .await?;
             }
             let alive = self.jobs.iter().any(|j| j.st.alive());
             if !alive && got == 0 {

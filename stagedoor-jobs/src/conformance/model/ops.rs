@@ -122,11 +122,7 @@ impl fmt::Display for Op {
                 id,
                 delay,
                 priority,
-            } => write!(
-                f,
-                "publish {id} delay={} priority={priority}",
-                ms(*delay)
-            ),
+            } => write!(f, "publish {id} delay={} priority={priority}", ms(*delay)),
             Op::PublishDup { pick } => write!(f, "publish-duplicate of published #{pick}"),
             Op::PublishUnique {
                 id,
