@@ -85,6 +85,12 @@ impl Fixture for PostgresModel {
         )
     }
 
+    async fn release(&self, route: &Route) {
+        if let Some(pool) = route.broker().pool() {
+            pool.close().await;
+        }
+    }
+
     fn junk_kinds(&self) -> Vec<Junk> {
         SQL_JUNK.to_vec()
     }

@@ -110,4 +110,12 @@ pub trait Fixture: Send + Sync + 'static {
         let _ = (broker, queue, junk);
         async {}
     }
+
+    /// Lets go of a broker the model test is done with (closes an SQL pool, whose connections
+    /// a server counts), so that thousands of sequences do not exhaust the server. The
+    /// default: nothing (the broker is dropped).
+    fn release(&self, broker: &Self::Broker) -> impl Future<Output = ()> + Send {
+        let _ = broker;
+        async {}
+    }
 }

@@ -217,6 +217,12 @@ impl<'f, F: Fixture> Exec<'f, F> {
 
     /// Runs `ops`, then drains the queue and compares what is left with the model.
     pub(super) async fn run(mut self, ops: &[Op]) -> Result<Ran, Failed> {
+        let ran = self.run_steps(ops).await;
+        self.fixture.release(&self.broker).await;
+        ran
+    }
+
+    async fn run_steps(&mut self, ops: &[Op]) -> Result<Ran, Failed> {
         for (n, op) in ops.iter().enumerate() {
             self.step(op).await.map_err(|mut f| {
                 f.step = Some(n);
