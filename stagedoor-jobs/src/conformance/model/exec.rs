@@ -428,8 +428,7 @@ impl<'f, F: Fixture> Exec<'f, F> {
         &mut self,
         id: &str,
         what: &str,
-        key: char,
-        window: Duration,
+        (key, window): (char, Duration),
         p: &Published,
         expect: (Option<bool>, Option<String>),
         st: St,
@@ -489,7 +488,7 @@ impl<'f, F: Fixture> Exec<'f, F> {
         let t1 = self.now();
         let expect = self.unique_expect(key, t0, t1);
         let st = Self::due_state(delay, t0, t1);
-        self.check_unique(id, "publish", key, window, &p, expect, st)
+        self.check_unique(id, "publish", (key, window), &p, expect, st)
     }
 
     async fn publish_in(
@@ -530,8 +529,7 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 self.check_unique(
                     id,
                     "publish_in (committed)",
-                    k,
-                    WINDOW,
+                    (k, WINDOW),
                     &p,
                     expect,
                     St::Ready,
