@@ -3,7 +3,36 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::broker::Broker;
+use crate::broker::{Broker, BrokerError, Published};
+use crate::envelope::Job;
+
+/// A hand edit the model test ([`run_model`](super::run_model)) asks a fixture to make in the
+/// keys, entries or rows its backend owns, to check that each bad item costs only itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Junk {
+    /// Redis: a member of `{q}:delayed` that is no job, due now.
+    DelayedMember,
+    /// Redis: a stream entry without the fields of a job.
+    StreamEntry,
+    /// Redis: a key of the wrong type (a string) where a priority level's stream belongs. The
+    /// model publishes at that level while it is there, then calls
+    /// [`Fixture::repair_junk`] and publishes the same job again.
+    WrongTypeKey,
+    /// SQL: a row whose due time does not decode as a timestamp.
+    BadTimestamp,
+    /// SQL: a row whose headers column is not JSON.
+    BadHeaders,
+    /// SQL: a row whose attempt count is out of range (beyond the cap any mount may have).
+    AttemptOutOfRange,
+    /// SQL: a row whose priority is out of range (outside `Priority::LOWEST..=HIGHEST`).
+    PriorityOutOfRange,
+}
+
+impl Junk {
+    /// The priority level [`Junk::WrongTypeKey`] blocks (its stream is made a string).
+    pub const WRONG_TYPE_LEVEL: crate::Priority = crate::Priority::HIGHEST;
+}
 
 /// What a backend provides to run the suite.
 pub trait Fixture: Send + Sync + 'static {
@@ -37,5 +66,56 @@ pub trait Fixture: Send + Sync + 'static {
     ) -> impl Future<Output = Option<String>> + Send {
         let _ = (broker, queue);
         async { None }
+    }
+
+    /// Publishes `job` in a transaction of the caller's own (on SQL,
+    /// `SqlxRoute::publish_in`), then commits it when `commit` or rolls it back. `None`: the
+    /// backend has no such publish (the default); the model test skips the step.
+    fn publish_in(
+        &self,
+        broker: &Self::Broker,
+        job: Job,
+        commit: bool,
+    ) -> impl Future<Output = Option<Result<Published, BrokerError>>> + Send {
+        let _ = (broker, job, commit);
+        async { None }
+    }
+
+    /// The hand edits of [`Junk`] this backend's fixture can make (the default: none).
+    fn junk_kinds(&self) -> Vec<Junk> {
+        Vec::new()
+    }
+
+    /// Stores one bad item of kind `junk` in `queue` of `broker` (connected, the queue
+    /// prepared), its job id (if it has one) `id`. The default cannot and says so.
+    fn store_junk(
+        &self,
+        broker: &Self::Broker,
+        queue: &str,
+        junk: Junk,
+        id: &str,
+    ) -> impl Future<Output = Result<(), String>> + Send {
+        let _ = (broker, queue, junk, id);
+        async { Err("this fixture makes no hand edits".to_owned()) }
+    }
+
+    /// Undoes a hand edit that blocks a key (only [`Junk::WrongTypeKey`]), as an operator
+    /// would. The default does nothing.
+    fn repair_junk(
+        &self,
+        broker: &Self::Broker,
+        queue: &str,
+        junk: Junk,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (broker, queue, junk);
+        async {}
+    }
+
+    /// Lets go of a broker the model test is done with (closes an SQL pool, whose connections
+    /// a server counts), so that thousands of sequences do not exhaust the server. The
+    /// default: nothing (the broker is dropped).
+    fn release(&self, broker: &Self::Broker) -> impl Future<Output = ()> + Send {
+        let _ = broker;
+        async {}
     }
 }

@@ -65,6 +65,8 @@
 //! - `bounds.rs`: values at their bounds: delays past `MAX_DELAY`, leases, queue names,
 //!   unique windows;
 //! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
+//! - `model.rs` (and `model/`): [`run_model`], the model-based random test of the broker
+//!   contract each backend runs from its own test file (`tests/model_*.rs`);
 //! - `fixture.rs`: [`Fixture`], what a backend provides to run the suite.
 //! - `support.rs`: what the rows share (timings, the test job, the probe, the handlers).
 
@@ -76,6 +78,7 @@ mod crash_and_lease;
 mod fixture;
 mod headers_and_stats;
 mod limits;
+mod model;
 mod outcomes;
 mod priority;
 mod publish;
@@ -147,7 +150,8 @@ pub use unique::{
     unique_publishes_at_once_store_one_job,
 };
 
-pub use fixture::Fixture;
+pub use fixture::{Fixture, Junk};
+pub use model::{ModelRun, run_model};
 
 /// Runs the whole conformance suite against a [`Fixture`]: one
 /// `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per row, named after the row's
