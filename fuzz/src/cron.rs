@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::Schedule;
 use stagedoor_jobs::__fuzz as core;
+use stagedoor_jobs::Schedule;
 use stagedoor_jobs::schedule::Tz;
 
 use crate::input::Input;

@@ -70,7 +70,11 @@ async fn seeded() -> MemoryBroker {
             jobs.push(Job::from_bytes("mail", b"{}".to_vec()).kind("welcome"));
         }
         jobs.push(Job::from_bytes("mail", b"{}".to_vec()).after(Duration::from_secs(3600)));
-        for (kind, id) in [("invoice", "inv-0"), ("invoice", "inv-1"), ("refund", "ref-0")] {
+        for (kind, id) in [
+            ("invoice", "inv-0"),
+            ("invoice", "inv-1"),
+            ("refund", "ref-0"),
+        ] {
             jobs.push(
                 Job::from_bytes("billing", b"{\"n\":1}".to_vec())
                     .kind(kind)
@@ -185,10 +189,7 @@ pub fn request(data: &[u8]) {
             .unwrap_or_else(|_| panic!("no response within 10 s to {uri}"))
             .unwrap_or_else(|e| match e {});
         let status = resp.status();
-        assert!(
-            !status.is_server_error(),
-            "{uri} answered {status}"
-        );
+        assert!(!status.is_server_error(), "{uri} answered {status}");
         // Nested, a path the outer router answers itself (outside the dashboard) has none.
         if !nested {
             assert!(

@@ -62,7 +62,11 @@ fn round_trip(inp: &mut Input<'_>) {
     let attempt = r::attempt_of(spent, 1, false);
     let back = r::decode(&f, attempt, DateTime::<Utc>::UNIX_EPOCH)
         .unwrap_or_else(|e| panic!("{env:?} encoded as {f:?} does not decode: {e}"));
-    assert_eq!(back, env.clone().with_attempt(attempt), "round trip of {f:?}");
+    assert_eq!(
+        back,
+        env.clone().with_attempt(attempt),
+        "round trip of {f:?}"
+    );
 }
 
 /// Entry fields from the input: names from [`NAMES`] (or any bytes), values any bytes.
@@ -154,7 +158,8 @@ pub fn reply(data: &[u8]) {
         for (_, entries) in streams {
             for (id, f) in entries {
                 let _ = r::id_time(&id);
-                let _ = r::attempts(&f).map(|s| r::decode(&f, r::attempt_of(s, 1, false), r::id_time(&id)));
+                let _ = r::attempts(&f)
+                    .map(|s| r::decode(&f, r::attempt_of(s, 1, false), r::id_time(&id)));
             }
         }
     }
@@ -165,6 +170,9 @@ pub fn reply(data: &[u8]) {
         for (_, f, d) in reads.claimed {
             let _ = r::attempt_of(r::attempts(&f).unwrap_or(0), d.max(1) as u64, false);
         }
-        assert_eq!(reads.fields, reads.taken, "by reference and taken read alike");
+        assert_eq!(
+            reads.fields, reads.taken,
+            "by reference and taken read alike"
+        );
     }
 }

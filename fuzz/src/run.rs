@@ -13,7 +13,9 @@ pub const HANG: Duration = Duration::from_secs(10);
 
 /// `fuzz/corpus/<target>/`.
 pub fn corpus_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus").join(target)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(target)
 }
 
 /// The files of `fuzz/corpus/<target>/`, sorted by name (none when it does not exist).
@@ -113,7 +115,9 @@ pub fn mutate(rng: &mut fastrand::Rng, input: &[u8], other: &[u8]) -> Vec<u8> {
         match rng.u8(0..6) {
             0 if at < out.len() => out[at] ^= 1 << rng.u8(0..8),
             1 if at < out.len() => {
-                out[at] = rng.choice([0u8, 1, 0x7f, 0x80, 0xff, b'-', b'%', b'&', b'=', b'*']).unwrap_or(0)
+                out[at] = rng
+                    .choice([0u8, 1, 0x7f, 0x80, 0xff, b'-', b'%', b'&', b'=', b'*'])
+                    .unwrap_or(0)
             }
             2 => out.insert(at, rng.u8(..)),
             3 if at < out.len() => {

@@ -22,7 +22,8 @@ fn envelope(kind: &str, id: &str, payload: &[u8], ms: i64, level: u8) -> Enc {
 /// (target, file name, bytes) of every seed.
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut add = |t: &'static str, name: &str, b: Vec<u8>| out.push((t, format!("seed-{name}"), b));
+    let mut add =
+        |t: &'static str, name: &str, b: Vec<u8>| out.push((t, format!("seed-{name}"), b));
 
     // redis_entry: round trips, then entries as a claim reads them.
     add(
@@ -30,7 +31,16 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         "round-trip",
         Enc::new()
             .u8(0)
-            .rest(envelope("send_email", "0192f0c1-aaaa", b"{\"to\":\"a\"}", 1_764_411_360_123, 4).done())
+            .rest(
+                envelope(
+                    "send_email",
+                    "0192f0c1-aaaa",
+                    b"{\"to\":\"a\"}",
+                    1_764_411_360_123,
+                    4,
+                )
+                .done(),
+            )
             .u64(3)
             .done(),
     );
@@ -59,12 +69,41 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     add(
         "redis_entry",
         "entry",
-        entry(0, &[(0, b"send_email"), (1, b"j-1"), (2, b"2"), (3, b"{}"), (4, b"1764411360000"), (5, b"1"), (6, b"r"), (7, b"t"), (8, b"v")]),
+        entry(
+            0,
+            &[
+                (0, b"send_email"),
+                (1, b"j-1"),
+                (2, b"2"),
+                (3, b"{}"),
+                (4, b"1764411360000"),
+                (5, b"1"),
+                (6, b"r"),
+                (7, b"t"),
+                (8, b"v"),
+            ],
+        ),
     );
-    add("redis_entry", "entry-by-hand", entry(0, &[(0, b"k"), (3, b"")]));
-    add("redis_entry", "entry-bad-attempts", entry(1, &[(0, b"k"), (3, b"x"), (2, b"-1")]));
-    add("redis_entry", "entry-huge-attempts", entry(0, &[(0, b"k"), (3, b"x"), (2, b"99999999999999999999")]));
-    add("redis_entry", "entry-no-kind", entry(0, &[(3, b"x"), (12, b"jobs")]));
+    add(
+        "redis_entry",
+        "entry-by-hand",
+        entry(0, &[(0, b"k"), (3, b"")]),
+    );
+    add(
+        "redis_entry",
+        "entry-bad-attempts",
+        entry(1, &[(0, b"k"), (3, b"x"), (2, b"-1")]),
+    );
+    add(
+        "redis_entry",
+        "entry-huge-attempts",
+        entry(0, &[(0, b"k"), (3, b"x"), (2, b"99999999999999999999")]),
+    );
+    add(
+        "redis_entry",
+        "entry-no-kind",
+        entry(0, &[(3, b"x"), (12, b"jobs")]),
+    );
 
     // redis_member: members as `member` writes them, and some that are not.
     let member = |items: &[&[u8]]| {
@@ -75,9 +114,30 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         }
         m
     };
-    add("redis_member", "member", member(&[b"kind", b"k", b"job_id", b"j-1", b"attempts", b"3", b"payload", b"{}"]));
-    add("redis_member", "member-bin", vec![0x92, 0xc4, 1, b'a', 0xda, 0, 1, b'b']);
-    add("redis_member", "member-array32", vec![0xdd, 0, 0, 0, 2, 0xd9, 1, b'a', 0xdb, 0, 0, 0, 1, b'b']);
+    add(
+        "redis_member",
+        "member",
+        member(&[
+            b"kind",
+            b"k",
+            b"job_id",
+            b"j-1",
+            b"attempts",
+            b"3",
+            b"payload",
+            b"{}",
+        ]),
+    );
+    add(
+        "redis_member",
+        "member-bin",
+        vec![0x92, 0xc4, 1, b'a', 0xda, 0, 1, b'b'],
+    );
+    add(
+        "redis_member",
+        "member-array32",
+        vec![0xdd, 0, 0, 0, 2, 0xd9, 1, b'a', 0xdb, 0, 0, 0, 1, b'b'],
+    );
     add("redis_member", "not-a-member", b"by hand".to_vec());
 
     // redis_reply: RESP replies of XREADGROUP, XRANGE and the claim script.
@@ -108,7 +168,11 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             .rest(r#"{"kind":"k","job_id":"j","request_id":"r","extra":{"a":"b"},"failed_at":"2026-01-01T00:00:00Z","origin":"jobs"}"#)
             .done(),
     );
-    add("sql_headers", "column-not-json", Enc::new().u8(0).i64(-1).rest("{not json").done());
+    add(
+        "sql_headers",
+        "column-not-json",
+        Enc::new().u8(0).i64(-1).rest("{not json").done(),
+    );
     add(
         "sql_headers",
         "published",
@@ -137,38 +201,158 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     // dashboard: flags (1 POST, 2-3 auth mode, 4-8 credentials, 0x10 CSRF field, 0x20 CSRF
     // cookie, 0x80 nested), route, [path], query, cookie, authorization, body.
     let req = |flags: u8, route: u8, query: &str, cookie: &str, auth: &str, body: &str| {
-        Enc::new().u8(flags).u8(route).chunk(query).chunk(cookie).chunk(auth).rest(body).done()
+        Enc::new()
+            .u8(flags)
+            .u8(route)
+            .chunk(query)
+            .chunk(cookie)
+            .chunk(auth)
+            .rest(body)
+            .done()
     };
     add("dashboard", "queues", req(0, 0, "", "", "", ""));
-    add("dashboard", "dead-list", req(0, 2, "dl=billing.dead&kind=invoice&q=boom&page=2", "", "", ""));
-    add("dashboard", "dead-letter", req(0, 3, "dl=billing.dead&id=inv-0", "", "", ""));
-    add("dashboard", "confirm-ids", req(0, 4, "dl=billing.dead&action=replay&id=inv-0&id=ref-0", "", "", ""));
-    add("dashboard", "confirm-kind", req(0, 4, "dl=billing.dead&action=purge&kind=invoice", "", "", ""));
-    add("dashboard", "confirm-all", req(0, 4, "dl=billing.dead&action=replay&all=1", "", "", ""));
-    add("dashboard", "action-replay", req(0x31, 5, "", "", "", "dl=billing.dead&action=replay&id=inv-1"));
-    add("dashboard", "action-purge-all", req(0x31, 5, "", "", "", "dl=billing.dead&action=purge&all=1"));
-    add("dashboard", "action-no-csrf", req(0x01, 5, "", "", "", "dl=billing.dead&action=purge&all=1"));
-    add("dashboard", "login-token", req(0x33, 9, "", "", "", &format!("token={TOKEN}")));
+    add(
+        "dashboard",
+        "dead-list",
+        req(
+            0,
+            2,
+            "dl=billing.dead&kind=invoice&q=boom&page=2",
+            "",
+            "",
+            "",
+        ),
+    );
+    add(
+        "dashboard",
+        "dead-letter",
+        req(0, 3, "dl=billing.dead&id=inv-0", "", "", ""),
+    );
+    add(
+        "dashboard",
+        "confirm-ids",
+        req(
+            0,
+            4,
+            "dl=billing.dead&action=replay&id=inv-0&id=ref-0",
+            "",
+            "",
+            "",
+        ),
+    );
+    add(
+        "dashboard",
+        "confirm-kind",
+        req(
+            0,
+            4,
+            "dl=billing.dead&action=purge&kind=invoice",
+            "",
+            "",
+            "",
+        ),
+    );
+    add(
+        "dashboard",
+        "confirm-all",
+        req(0, 4, "dl=billing.dead&action=replay&all=1", "", "", ""),
+    );
+    add(
+        "dashboard",
+        "action-replay",
+        req(
+            0x31,
+            5,
+            "",
+            "",
+            "",
+            "dl=billing.dead&action=replay&id=inv-1",
+        ),
+    );
+    add(
+        "dashboard",
+        "action-purge-all",
+        req(0x31, 5, "", "", "", "dl=billing.dead&action=purge&all=1"),
+    );
+    add(
+        "dashboard",
+        "action-no-csrf",
+        req(0x01, 5, "", "", "", "dl=billing.dead&action=purge&all=1"),
+    );
+    add(
+        "dashboard",
+        "login-token",
+        req(0x33, 9, "", "", "", &format!("token={TOKEN}")),
+    );
     add("dashboard", "bearer", req(0x06, 0, "", "", "", ""));
-    add("dashboard", "basic", req(0x0c, 7, "", "", "Basic b3BzOnB3", ""));
-    add("dashboard", "session-cookie", req(0x02, 8, "", &format!("sdj_session={CSRF}"), "", ""));
-    add("dashboard", "read-only-action", req(0x37, 5, "", "", "", "dl=billing.dead&action=replay&all=1"));
+    add(
+        "dashboard",
+        "basic",
+        req(0x0c, 7, "", "", "Basic b3BzOnB3", ""),
+    );
+    add(
+        "dashboard",
+        "session-cookie",
+        req(0x02, 8, "", &format!("sdj_session={CSRF}"), "", ""),
+    );
+    add(
+        "dashboard",
+        "read-only-action",
+        req(0x37, 5, "", "", "", "dl=billing.dead&action=replay&all=1"),
+    );
     add("dashboard", "nested", req(0x80, 6, "", "", "", ""));
     add("dashboard", "logout", req(0x31, 10, "", "", "", ""));
-    add("dashboard", "any-path", Enc::new().u8(0).u8(200).chunk("dead/../x%00").chunk("").chunk("").chunk("").done());
-    add("dashboard", "csrf-field-only", req(0x11, 5, "", "", "", "dl=x&action=replay&id=a"));
+    add(
+        "dashboard",
+        "any-path",
+        Enc::new()
+            .u8(0)
+            .u8(200)
+            .chunk("dead/../x%00")
+            .chunk("")
+            .chunk("")
+            .chunk("")
+            .done(),
+    );
+    add(
+        "dashboard",
+        "csrf-field-only",
+        req(0x11, 5, "", "", "", "dl=x&action=replay&id=a"),
+    );
 
     // cron: mode, zone, time, expression (or period).
-    let cron = |zone: u8, secs: i64, expr: &str| Enc::new().u8(0).u8(zone).i64(secs).rest(expr).done();
+    let cron =
+        |zone: u8, secs: i64, expr: &str| Enc::new().u8(0).u8(zone).i64(secs).rest(expr).done();
     add("cron", "daily", cron(0, 1_764_411_360, "0 3 * * *"));
     add("cron", "dst-prague", cron(1, 1_774_746_000, "30 2 * * *"));
-    add("cron", "lord-howe", cron(3, 1_775_318_400, "*/15 1-3 * * *"));
+    add(
+        "cron",
+        "lord-howe",
+        cron(3, 1_775_318_400, "*/15 1-3 * * *"),
+    );
     add("cron", "never", cron(0, 0, "0 0 31 2 *"));
-    add("cron", "weekday-nth", cron(2, 1_764_411_360, "0 9 * * MON#2"));
+    add(
+        "cron",
+        "weekday-nth",
+        cron(2, 1_764_411_360, "0 9 * * MON#2"),
+    );
     add("cron", "last-day", cron(6, 1_764_411_360, "59 23 L * *"));
     add("cron", "seconds", cron(4, 1_764_411_360, "*/5 * * * * *"));
     add("cron", "bad", cron(0, 0, "61 25 * * *"));
-    add("cron", "every", Enc::new().u8(1).u8(0).i64(1_764_411_360).u64(60_000).done());
-    add("cron", "every-huge", Enc::new().u8(1).u8(0).i64(-62_000_000_000).u64(u64::MAX).done());
+    add(
+        "cron",
+        "every",
+        Enc::new().u8(1).u8(0).i64(1_764_411_360).u64(60_000).done(),
+    );
+    add(
+        "cron",
+        "every-huge",
+        Enc::new()
+            .u8(1)
+            .u8(0)
+            .i64(-62_000_000_000)
+            .u64(u64::MAX)
+            .done(),
+    );
     out
 }

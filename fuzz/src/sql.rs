@@ -25,7 +25,11 @@ pub fn headers(data: &[u8]) {
         let text = String::from_utf8_lossy(rest);
         let doc = HeaderColumn::parse(Some(&text));
         let json = doc.to_json();
-        assert_eq!(HeaderColumn::parse(Some(&json)), doc, "{text:?} written as {json}");
+        assert_eq!(
+            HeaderColumn::parse(Some(&json)),
+            doc,
+            "{text:?} written as {json}"
+        );
         let shown = s::shorten(&text);
         assert!(shown.chars().count() <= 60 + 40, "{shown}");
         let bytes = s::shorten_bytes(rest);

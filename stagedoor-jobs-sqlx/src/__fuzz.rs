@@ -30,7 +30,13 @@ impl HeaderColumn {
     }
 
     /// This column with a dead letter's fields (as a dead-lettering settlement writes it).
-    pub fn dead(self, origin: &str, error: &str, traceback: &str, failed_at: DateTime<Utc>) -> Self {
+    pub fn dead(
+        self,
+        origin: &str,
+        error: &str,
+        traceback: &str,
+        failed_at: DateTime<Utc>,
+    ) -> Self {
         Self(HeaderDoc {
             origin: Some(origin.to_owned()),
             error: Some(error.to_owned()),

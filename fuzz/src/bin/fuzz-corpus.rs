@@ -49,5 +49,8 @@ fn main() -> ExitCode {
 }
 
 fn names() -> Vec<&'static str> {
-    stagedoor_jobs_fuzz::TARGETS.iter().map(|(n, _)| *n).collect()
+    stagedoor_jobs_fuzz::TARGETS
+        .iter()
+        .map(|(n, _)| *n)
+        .collect()
 }
