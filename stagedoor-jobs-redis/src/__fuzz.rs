@@ -10,6 +10,9 @@ use crate::{entry, value};
 /// Fields of one stream entry, in order, as bytes.
 pub type Fields = entry::Fields;
 
+/// A stream's entries: (id, fields).
+pub type Entries = Vec<(String, Fields)>;
+
 /// The fields of `envelope`, whose job has spent `attempts` (what a publish adds).
 pub fn encode(envelope: &Envelope, attempts: u32) -> Fields {
     entry::encode(envelope, attempts)
@@ -82,7 +85,7 @@ pub fn unmember(bytes: &[u8]) -> Option<Fields> {
 
 /// A server reply in RESP bytes, read as a claim reads an `XREADGROUP` reply: each stream's
 /// key and its entries (id, fields). `None` when the bytes are not one RESP value.
-pub fn streams_reply(resp: &[u8]) -> Option<Vec<(String, Vec<(String, Fields)>)>> {
+pub fn streams_reply(resp: &[u8]) -> Option<Vec<(String, Entries)>> {
     let v = redis::parse_redis_value(resp).ok()?;
     Some(value::into_streams_reply(v))
 }
@@ -114,7 +117,7 @@ pub fn range_reply(resp: &[u8]) -> Option<RangeReads> {
 #[derive(Debug)]
 pub struct RangeReads {
     /// As an `XRANGE` reply: (id, fields).
-    pub entries: Vec<(String, Fields)>,
+    pub entries: Entries,
     /// As the claim script's entries: (id, fields, deliveries).
     pub claimed: Vec<(String, Fields, i64)>,
     /// As one entry's fields, by reference.
