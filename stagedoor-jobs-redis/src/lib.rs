@@ -186,6 +186,8 @@ pub mod prelude {
     pub use std::time::Duration;
 }
 
+#[doc(hidden)]
+pub mod __fuzz;
 mod activity;
 mod broker;
 mod cancel;

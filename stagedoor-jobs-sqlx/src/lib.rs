@@ -307,6 +307,8 @@ compile_error!(
     "stagedoor-jobs-sqlx speaks no database: enable its feature `sqlite` (the default) or `postgres`, or both"
 );
 
+#[doc(hidden)]
+pub mod __fuzz;
 mod batch;
 mod broker;
 mod catalog;

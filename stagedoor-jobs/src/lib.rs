@@ -73,6 +73,8 @@
 #[allow(unused_extern_crates)]
 extern crate self as stagedoor_jobs;
 
+#[doc(hidden)]
+pub mod __fuzz;
 pub mod activity;
 mod backoff;
 pub mod broker;
