@@ -133,7 +133,7 @@ impl OwnCluster {
         );
         for &p in &ports {
             me.wait(&format!("node {p} says the cluster is ok"), || async move {
-                query::<String>(p, &cmd("CLUSTER").arg("INFO"))
+                query::<String>(p, cmd("CLUSTER").arg("INFO"))
                     .await
                     .is_ok_and(|i| i.contains("cluster_state:ok"))
             })
