@@ -17,6 +17,20 @@ pub(crate) fn expand(input: TokenStream) -> TokenStream {
         }
     };
     let text = lit.value();
+    // croner reads an empty list item (`", 3 * * *"`) as an empty list: an expression that
+    // never fires. The scheduler refuses it at startup too (found by the fuzzer).
+    if text
+        .split_whitespace()
+        .any(|f| f.split(',').any(str::is_empty))
+    {
+        return syn::Error::new(
+            lit.span(),
+            format!(
+                "{text:?} has an empty list item (a comma with nothing on one side of it), which matches no time: remove the comma or write the missing value"
+            ),
+        )
+        .into_compile_error();
+    }
     match text.parse::<croner::Cron>() {
         Ok(_) => quote! { ::stagedoor_jobs::__private::CronExpr::__checked(#lit) },
         Err(e) => syn::Error::new(
@@ -40,5 +54,7 @@ mod tests {
         let bad = expand(quote! { "61 * * * *" }).to_string();
         assert!(bad.contains("compile_error"), "{bad}");
         assert!(bad.contains("is not a cron expression"), "{bad}");
+        let empty = expand(quote! { ", 3 * * *" }).to_string();
+        assert!(empty.contains("empty list item"), "{empty}");
     }
 }

@@ -903,7 +903,10 @@ pub trait Publish: Broker {
         job: crate::Job,
     ) -> impl Future<Output = Result<Published, BrokerError>> + Send {
         async move {
-            if let Some(p) = self.queue_name_problem(job.queue()) {
+            if let Some(p) = self
+                .queue_name_problem(job.queue())
+                .or_else(|| job.problem())
+            {
                 return Err(BrokerError::Invalid(p));
             }
             let now = self.clock().now();
@@ -943,7 +946,9 @@ pub trait Publish: Broker {
         let jobs: Vec<crate::Job> = jobs.into_iter().collect();
         // A queue name the backend cannot take refuses the whole call, before anything is
         // stored.
-        let refused = jobs.iter().find_map(|j| self.queue_name_problem(j.queue()));
+        let refused = jobs
+            .iter()
+            .find_map(|j| self.queue_name_problem(j.queue()).or_else(|| j.problem()));
         // For each job: its queue's batch and its place in that batch.
         let mut places = Vec::new();
         let mut by_queue: Vec<(String, Batch)> = Vec::new();

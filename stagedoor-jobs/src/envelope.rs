@@ -416,6 +416,19 @@ impl Job {
         &self.envelope
     }
 
+    /// What makes this job one no backend can store as given: an empty kind (a claim could
+    /// not tell it from a missing one) or an empty id (a backend would give it another, so the
+    /// publisher's id would be lost). Found by the fuzzer (fuzz/README.md, findings 1 and 2).
+    pub(crate) fn problem(&self) -> Option<String> {
+        if self.envelope.kind.is_empty() {
+            Some("the job's kind is empty: give it a kind with `Job::kind(\"...\")`, or leave the default (the payload's type name)".to_owned())
+        } else if self.envelope.id.as_str().is_empty() {
+            Some("the job's id is empty: give it a non-empty `JobId`, or leave the default (a fresh one)".to_owned())
+        } else {
+            None
+        }
+    }
+
     /// Splits the job for a broker, stamping the enqueue time with the broker's clock. With
     /// the `opentelemetry` feature it also writes the current span's trace context into the
     /// headers (`traceparent`, `tracestate`; see [`otel`](crate::otel)), unless they hold one.

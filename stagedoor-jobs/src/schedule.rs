@@ -149,7 +149,11 @@ impl Schedule {
     /// `cron!("0 3 * * *")`; an expression built at runtime is checked at startup.
     pub fn cron(name: impl Into<String>, expr: impl IntoCron) -> Self {
         let text = expr.into_cron_text();
-        let parsed = croner::Cron::from_str(&text).ok().map(Box::new);
+        let parsed = if empty_cron_item(&text).is_some() {
+            None
+        } else {
+            croner::Cron::from_str(&text).ok().map(Box::new)
+        };
         Self::new(name, When::Cron { text, parsed })
     }
 
@@ -313,6 +317,13 @@ impl Schedule {
                     "the cron expression {text:?} never fires (no date matches it): check its day and month fields"
                 ),
             }),
+            When::Cron { text, parsed: None } if empty_cron_item(text).is_some() => {
+                let field = empty_cron_item(text).unwrap_or("a");
+                out.push(Problem {
+                    mount: who.clone(),
+                    message: format!("the cron expression {text:?} has an empty item in its {field} field (a comma with nothing on one side of it), which would match no time: remove the comma or write the missing value"),
+                });
+            }
             When::Cron { text, parsed: None } => {
                 let why = croner::Cron::from_str(text)
                     .err()
@@ -380,6 +391,24 @@ fn short_duration(d: Duration) -> String {
         s => format!("{s}s"),
     }
 }
+/// The field of cron expression `text` holding an empty list item (`", 3 * * *"`: a comma with
+/// nothing on one side), which croner reads as an empty list: a schedule that never fires, and
+/// whose next tick is searched for seconds (found by the fuzzer, fuzz/README.md finding 3).
+fn empty_cron_item(text: &str) -> Option<&'static str> {
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let names: &[&'static str] = if fields.len() >= 6 {
+        &[
+            "second", "minute", "hour", "day", "month", "weekday", "year",
+        ]
+    } else {
+        &["minute", "hour", "day", "month", "weekday"]
+    };
+    fields
+        .iter()
+        .position(|f| f.split(',').any(str::is_empty))
+        .map(|i| names.get(i).copied().unwrap_or("last"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -286,7 +286,11 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<crate::broker::Published, BrokerError>> {
         Box::pin(async move {
-            if let Some(p) = self.broker.queue_name_problem(job.queue()) {
+            if let Some(p) = self
+                .broker
+                .queue_name_problem(job.queue())
+                .or_else(|| job.problem())
+            {
                 return Err(BrokerError::Invalid(p));
             }
             let (queue, envelope, at) = job.into_parts(self.broker.clock().now());
