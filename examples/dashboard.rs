@@ -226,10 +226,11 @@ async fn main() -> Result<(), BoxError> {
         route.publish(job).await?;
     }
 
-    // The service's own app, with the dashboard mounted at /jobs.
+    // The service's own app, with the dashboard mounted at /jobs (`nest_service` serves
+    // /jobs/ too; `nest` answers 404 there).
     let app = axum::Router::new()
         .route("/", get(|| async { Redirect::to("/jobs") }))
-        .nest(
+        .nest_service(
             "/jobs",
             Dashboard::new(route.clone())
                 .title("shop · stagedoor-jobs")

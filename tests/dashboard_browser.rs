@@ -810,3 +810,154 @@ async fn workers_schedules_and_the_chart_from_redis_reports() {
     screenshot(c, "scheduled").await;
     browser.close().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// A hostile page in the same browser (issue 30)
+// ---------------------------------------------------------------------------------------------
+
+/// A CSRF nonce of the attacker's choosing (64 hex digits, as the dashboard's cookie holds).
+const PLANTED: &str = "0badc0de0badc0de0badc0de0badc0de0badc0de0badc0de0badc0de0badc0de";
+
+/// Serves `html` at `/` on another loopback port (another origin, the same site and cookie
+/// jar: cookies are not kept apart by port), setting the dashboard's CSRF cookie to
+/// [`PLANTED`] for every port of 127.0.0.1. Its base URL.
+async fn attacker_site(html: String) -> String {
+    let page = axum::Router::new().route(
+        "/",
+        axum::routing::get(move || {
+            let html = html.clone();
+            async move {
+                (
+                    [(
+                        axum::http::header::SET_COOKIE,
+                        format!("sdj_csrf={PLANTED}; Path=/; SameSite=Lax"),
+                    )],
+                    axum::response::Html(html),
+                )
+            }
+        }),
+    );
+    serve(page).await
+}
+
+/// Three dead letters on SQLite and the dashboard of them: the route, its dead letter's name,
+/// the dashboard's base URL.
+async fn three_dead_letters() -> (
+    common::Lite,
+    SqlxRoute<sqlx::Sqlite, common::ConfRow>,
+    String,
+    String,
+) {
+    let (db, route) = sqlite_route().await;
+    publish(&route, "mail.bounce", orders(3), None).await;
+    let dead = dead_letter_all(&route, "mailbox full").await;
+    assert_eq!(route.dead_len(&dead).await.expect("dead_len"), 3);
+    let base = serve(stagedoor_jobs_dashboard::Dashboard::new(route.clone()).router()).await;
+    (db, route, dead, base)
+}
+
+/// A page on another origin (another port of 127.0.0.1) plants the CSRF cookie and posts a
+/// purge form carrying the same value to the dashboard the browser has open: refused (403,
+/// the form came from another site), nothing purged. Before the fix the double-submit check
+/// passed (cookie = field) and the three letters were purged.
+#[cfg_attr(
+    not(stagedoor_browser),
+    ignore = "needs Chromium: run scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_another_origin_cannot_purge() {
+    let _one = SERIAL.lock().await;
+    let (_db, route, dead, base) = three_dead_letters().await;
+    let form = format!(
+        r#"<!DOCTYPE html><html><body><h1>Cute cats</h1>
+<form id="f" method="post" action="{base}/dead/action">
+<input type="hidden" name="dl" value="{dead}">
+<input type="hidden" name="action" value="purge">
+<input type="hidden" name="all" value="1">
+<input type="hidden" name="csrf" value="{PLANTED}">
+</form>
+<script>document.getElementById("f").submit();</script></body></html>"#
+    );
+    let attacker = attacker_site(form).await;
+    assert_ne!(attacker, base);
+    let browser = Browser::start().await;
+    let c = browser.client();
+    // The operator has the dashboard open (its own CSRF cookie is set).
+    c.goto(&format!("{base}/dead"))
+        .await
+        .expect("open the dashboard");
+    find(c, "table.dead-letters").await;
+    // Then visits the attacker's page, which posts the purge at once.
+    c.goto(&attacker).await.expect("open the attacker's page");
+    let heading = text(c, "main h1").await;
+    let alert = text(c, "div.error").await;
+    screenshot(c, "cross-origin-post").await;
+    assert_eq!(heading, "Refused", "{alert}");
+    assert!(alert.contains("another site"), "{alert}");
+    assert_eq!(
+        route.dead_len(&dead).await.expect("dead_len"),
+        3,
+        "nothing purged"
+    );
+    browser.close().await;
+}
+
+/// A planted CSRF cookie (set by another port of the same host) is no token: a form posted
+/// from the dashboard's own origin with the planted value in its field is refused (403) and
+/// purges nothing; the dashboard's own confirmation still works with the planted cookie
+/// (its token is an HMAC of it). Before the fix the forged form purged the letters.
+#[cfg_attr(
+    not(stagedoor_browser),
+    ignore = "needs Chromium: run scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_csrf_cookie_forges_nothing() {
+    let _one = SERIAL.lock().await;
+    let (_db, route, dead, base) = three_dead_letters().await;
+    let attacker =
+        attacker_site("<!DOCTYPE html><html><body>nothing to see</body></html>".to_owned()).await;
+    let browser = Browser::start().await;
+    let c = browser.client();
+    c.goto(&attacker).await.expect("open the attacker's page");
+    c.goto(&format!("{base}/dead"))
+        .await
+        .expect("open the dashboard");
+    find(c, "table.dead-letters").await;
+    let sent = js(
+        c,
+        &format!(
+            r#"var f = document.createElement("form");
+f.method = "post"; f.action = "{base}/dead/action";
+[["dl", {dead:?}], ["action", "purge"], ["all", "1"], ["csrf", "{PLANTED}"]].forEach(function (kv) {{
+  var i = document.createElement("input"); i.type = "hidden"; i.name = kv[0]; i.value = kv[1]; f.appendChild(i);
+}});
+document.body.appendChild(f); f.submit(); return document.cookie;"#
+        ),
+    )
+    .await;
+    let heading = text(c, "main h1").await;
+    let alert = text(c, "div.error").await;
+    screenshot(c, "planted-cookie").await;
+    assert_eq!(heading, "Refused", "{alert} (cookies seen: {sent})");
+    assert!(alert.contains("security token"), "{alert}");
+    assert_eq!(
+        route.dead_len(&dead).await.expect("dead_len"),
+        3,
+        "nothing purged"
+    );
+    // The operator's own confirmation works, planted cookie or not.
+    c.goto(&format!(
+        "{base}/dead/confirm?dl={}&action=purge&all=1",
+        dead.replace(':', "%3A")
+    ))
+    .await
+    .expect("open the confirmation");
+    find(c, "form.confirm button[type=\"submit\"]")
+        .await
+        .click()
+        .await
+        .expect("confirm the purge");
+    assert_eq!(attr(c, "p.result", "data-purged").await, "3");
+    assert_eq!(route.dead_len(&dead).await.expect("dead_len"), 0);
+    browser.close().await;
+}

@@ -60,6 +60,8 @@ struct Web {
     router: Router,
     cookies: BTreeMap<String, String>,
     authorization: Option<String>,
+    /// The CSRF token of the last form read (bound to the cookie and the session).
+    token: Option<String>,
 }
 
 impl Web {
@@ -68,6 +70,7 @@ impl Web {
             router,
             cookies: BTreeMap::new(),
             authorization: None,
+            token: None,
         }
     }
 
@@ -99,10 +102,16 @@ impl Web {
         let status = resp.status();
         let headers = resp.headers().clone();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8(bytes.to_vec()).unwrap();
+        const FIELD: &str = r#"name="csrf" value=""#;
+        if let Some(at) = body.find(FIELD) {
+            let rest = &body[at + FIELD.len()..];
+            self.token = rest.find('"').map(|end| rest[..end].to_owned());
+        }
         Resp {
             status,
             headers,
-            body: String::from_utf8(bytes.to_vec()).unwrap(),
+            body,
         }
     }
 
@@ -122,12 +131,12 @@ impl Web {
         .await
     }
 
-    /// The CSRF token the dashboard set in its cookie (a page must have been read first).
+    /// The CSRF token of the last form the dashboard showed (an HMAC of its cookie and the
+    /// session, never the cookie itself); a page with a form must have been read first.
     fn csrf(&self) -> String {
-        self.cookies
-            .get("sdj_csrf")
-            .cloned()
-            .expect("the dashboard sets its CSRF cookie on the first page")
+        self.token
+            .clone()
+            .expect("a page with a form (and its CSRF token) was read first")
     }
 }
 
@@ -367,6 +376,29 @@ async fn every_route<B: Broker>(b: B) {
         .get(&format!("/dead/letter?dl={}&id=nope", enc(&dl)))
         .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
+    // Its payload's exact bytes, as a file.
+    let stored = b
+        .dead_letters(&dl, &stagedoor_jobs::DeadSelector::Id("inv-0".into()), 1)
+        .await
+        .unwrap();
+    let r = web
+        .get(&format!("/dead/payload?dl={}&id=inv-0", enc(&dl)))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.headers[header::CONTENT_TYPE], "application/octet-stream");
+    assert!(
+        r.headers[header::CONTENT_DISPOSITION]
+            .to_str()
+            .unwrap()
+            .starts_with("attachment; filename=\"inv-0"),
+        "{:?}",
+        r.headers
+    );
+    assert_eq!(
+        r.body.as_bytes(),
+        stored[0].envelope.payload(),
+        "the exact bytes"
+    );
 
     // Replay a kind: the confirmation counts, a POST without the CSRF token is refused, the
     // POST with it moves exactly the 40 invoices.
@@ -541,7 +573,9 @@ async fn read_only_shows_no_actions_and_refuses_them() {
         .get("/dead/confirm?dl=billing.dead&action=replay&all=1")
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
-    let csrf = web.csrf();
+    // No page of a read-only dashboard has a form; read-only is refused before the token is
+    // looked at.
+    let csrf = "0".repeat(64);
     let r = web
         .post(
             "/dead/action",
@@ -650,7 +684,8 @@ async fn a_token_is_required_as_bearer_or_by_signing_in() {
     let r = web.get("/").await;
     assert_eq!(r.status, StatusCode::OK);
     assert!(r.body.contains("Sign out"));
-    // Signing out ends the session.
+    // Signing out ends the session (its form's token is bound to the session).
+    let csrf = web.csrf();
     let r = web.post("/logout", &[("csrf", &csrf)]).await;
     assert_eq!(r.status, StatusCode::SEE_OTHER);
     assert_eq!(web.get("/").await.status, StatusCode::UNAUTHORIZED);
@@ -912,9 +947,12 @@ async fn the_standalone_server_refuses_open_addresses_without_auth() {
     }));
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    s.write_all(b"GET /workers HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .unwrap();
+    // The Host a browser sends (any other name is refused: DNS rebinding).
+    s.write_all(
+        format!("GET /workers HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");

@@ -2,6 +2,12 @@
 //! on SQLite: a fresh database file per sequence, publishes in the caller's transaction
 //! (`SqlxRoute::publish_in`), and hand-edited rows (a due time that is no timestamp, headers
 //! that are no JSON, an attempt count and a priority out of range).
+//!
+//! SQLite has no server to restart: the database is a file the process opens itself. The
+//! model's restart step does the nearest thing that happens to a running service: every
+//! connection of the broker's pool closed at once, so that the next calls open new ones (as
+//! the pool's idle timeout and maximum lifetime do over time), which checks that the broker
+//! keeps nothing per connection that a reopened one lacks. The file is left as it is.
 
 mod common;
 mod common_model_sql;
@@ -12,7 +18,7 @@ use common::{ConfRow, SQLITE_CONF_SCHEMA, fresh_sqlite_url};
 use common_model_sql::{SQL_JUNK, junk_row};
 use sqlx::Connection;
 use sqlx::sqlite::SqlitePoolOptions;
-use stagedoor_jobs::conformance::{Fixture, Junk, ModelRun, run_model};
+use stagedoor_jobs::conformance::{Fixture, Junk, ModelRun, Outage, run_model};
 use stagedoor_jobs::{BrokerError, Job, Published};
 use stagedoor_jobs_sqlx::{SqlxBroker, SqlxRoute};
 
@@ -69,6 +75,36 @@ impl Fixture for SqliteModel {
             end.map_err(|e| BrokerError::Backend(format!("commit or rollback: {e}")))
                 .and(got),
         )
+    }
+
+    /// Closes every connection of the pool (none is in use between two steps; a pool holding
+    /// none has nothing to close).
+    async fn server_down(&self, route: &Route) -> Option<Result<Outage, String>> {
+        let pool = route.broker().pool()?;
+        // A connection a call let go of goes back to the pool in a task of its own: wait
+        // (briefly) until every connection is idle.
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        while pool.num_idle() < pool.size() as usize && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let size = pool.size();
+        let mut held = Vec::new();
+        while let Some(conn) = pool.try_acquire() {
+            held.push(conn);
+        }
+        let closed = held.len() as u32;
+        for conn in held {
+            if let Err(e) = conn.close().await {
+                return Some(Err(format!("closing a connection: {e}")));
+            }
+        }
+        if pool.size() + closed > size {
+            return Some(Err(format!(
+                "the pool held {size} connections, {closed} were closed, and it holds {} now",
+                pool.size()
+            )));
+        }
+        Some(Ok(Outage::Cut))
     }
 
     async fn release(&self, route: &Route) {

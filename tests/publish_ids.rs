@@ -311,6 +311,96 @@ async fn publish_in_returns_the_row_id_postgres() {
     assert!(a.is_stored() && b.is_stored());
 }
 
+/// A batch published to the README's mailer table (a generated id, no headers) goes in as
+/// multi-row inserts, and each job is still told its own row's id: 1,300 jobs in one call
+/// (chunks of 512, 512, 256 and 20) and two publishers of 600 at once (their ids interleave
+/// in the sequence), every returned id is the row holding that job's payload.
+async fn batch_ids_are_matched_to_their_rows<D: Db>() {
+    let db = D::fresh("batch_ids", &ddl::<D>(GROUP_DDL)).await;
+    let route = D::route::<RowId>(&db.broker(), "emails");
+    route.connect().await.expect("connect");
+    let publish = |from: u64, n: u64| {
+        let route = route.clone();
+        async move {
+            let jobs: Vec<Job> = (from..from + n).map(|i| job("emails", i)).collect();
+            let out = route.publish_jobs(jobs).await.expect("publish_jobs");
+            (from..from + n).zip(out).collect::<Vec<(u64, Published)>>()
+        }
+    };
+    let mut published = publish(0, 1_300).await;
+    let (a, b) = tokio::join!(publish(10_000, 600), publish(20_000, 600));
+    published.extend(a);
+    published.extend(b);
+    let rows = db
+        .rows("SELECT CAST(id AS TEXT), payload FROM row_id_jobs".to_owned())
+        .await;
+    let stored: std::collections::HashMap<String, u64> = rows
+        .iter()
+        .map(|r| {
+            let id = r[0].text().expect("an id");
+            let msg: Msg = serde_json::from_slice(&r[1].bytes()).expect("a payload");
+            (id, msg.n)
+        })
+        .collect();
+    assert_eq!(stored.len(), 2_500, "every job stored once");
+    for (n, p) in &published {
+        assert!(p.is_stored(), "{p:?}");
+        assert_eq!(
+            stored.get(p.id().as_str()),
+            Some(n),
+            "job {n} was told id {}, the row of another job ({})",
+            p.id(),
+            D::NAME
+        );
+    }
+}
+
+/// A generated id that does not grow in row order (a sequence counting down): the multi-row
+/// insert's ids cannot tell the rows apart, so the batch is undone and inserted one row per
+/// statement, and every job is still told its own row's id; nothing is stored twice.
+async fn batch_ids_fall_back_when_ids_count_down_postgres() {
+    let ddl = ddl::<common::Pg>(GROUP_DDL).replace(
+        "CREATE TABLE row_id_jobs (id {id},"
+            .replace("{id}", common::Pg::AUTO_ID)
+            .as_str(),
+        "CREATE SEQUENCE down_ids INCREMENT BY -1 START WITH 1000000 MAXVALUE 1000000;
+         CREATE TABLE row_id_jobs (id BIGINT PRIMARY KEY DEFAULT nextval('down_ids'),",
+    );
+    assert!(
+        ddl.contains("down_ids"),
+        "the table's id counts down: {ddl}"
+    );
+    let db = common::Pg::fresh("batch_down", &ddl).await;
+    let route = db.broker().route::<RowId>("emails");
+    route.connect().await.expect("connect");
+    for round in 0..2_u64 {
+        let jobs: Vec<Job> = (0..40).map(|i| job("emails", 100 * round + i)).collect();
+        let out = route.publish_jobs(jobs).await.expect("publish_jobs");
+        let rows = db
+            .rows("SELECT CAST(id AS TEXT), payload FROM row_id_jobs".to_owned())
+            .await;
+        let stored: std::collections::HashMap<String, u64> = rows
+            .iter()
+            .map(|r| {
+                let msg: Msg = serde_json::from_slice(&r[1].bytes()).expect("a payload");
+                (r[0].text().expect("an id"), msg.n)
+            })
+            .collect();
+        assert_eq!(
+            stored.len(),
+            40 * (round as usize + 1),
+            "nothing stored twice"
+        );
+        for (i, p) in (0..40).zip(&out) {
+            assert_eq!(
+                stored.get(p.id().as_str()),
+                Some(&(100 * round + i)),
+                "round {round}: job {i} is told its own row's id"
+            );
+        }
+    }
+}
+
 /// A unique job published in the caller's transaction takes its key in that transaction
 /// (issue 29, item 4): a second job of the key, in a later transaction or through the route's
 /// own publish, is not stored and is told the holder's id; a transaction rolled back frees
@@ -360,6 +450,7 @@ use common::on_both;
 use stagedoor_jobs::broker::Inspect;
 
 on_both!(
+    batch_ids_are_matched_to_their_rows,
     generated_id_without_headers,
     generated_id_with_headers,
     publisher_minted_text_id,
@@ -380,4 +471,13 @@ async fn publish_in_reports_duplicates() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_in_returns_the_row_id() {
     publish_in_returns_the_row_id_postgres().await;
+}
+
+#[cfg_attr(
+    not(stagedoor_postgres),
+    ignore = "needs Postgres: run scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_ids_fall_back_when_ids_count_down() {
+    batch_ids_fall_back_when_ids_count_down_postgres().await;
 }

@@ -1675,6 +1675,22 @@ async fn a_queue_name_with_braces_is_refused(on: On) {
     }
 }
 
+/// A namespace holding `{` or `}` would end every key's hash tag early, as a queue name
+/// would: connecting refuses it, naming the fix, before anything is stored.
+#[tokio::test]
+async fn a_namespace_with_braces_is_refused_at_connect() {
+    for ns in ["app{1}:", "{app", "app}"] {
+        let broker = RedisBroker::from_url("redis://127.0.0.1:1/").namespace(ns);
+        match broker.connect().await {
+            Err(stagedoor_jobs::BrokerError::Invalid(m)) => assert!(
+                m.contains(&format!("`{ns}`")) && m.contains("namespace without braces"),
+                "names the namespace and the fix: {m}"
+            ),
+            other => panic!("namespace {ns:?} is refused at connect, not {other:?}"),
+        }
+    }
+}
+
 fn job_on(queue: &str) -> Job {
     Job::new(queue, &json!({ "n": 1 })).expect("encode")
 }

@@ -216,7 +216,139 @@ where
     assert_eq!(route.cached_dead_tables(), 1, "the dead table is kept once");
 }
 
+/// How many rows a replay's or purge's walk may hold at once (its page).
+const WALK_PAGE: u64 = 500;
+
+/// A replay and a purge of 1,200 dead letters by kind, and of all of them, read a page at a
+/// time (never the whole group in one read) and take exactly the selected rows; the oldest
+/// dead letter (what the monitor names an incident by) is one row read.
+async fn replay_and_purge_hold_a_page_at_a_time<D: Db>()
+where
+    D::DB: Dialect,
+{
+    const N: usize = 1_200;
+    let db = D::fresh("deadwalk", conf_ddl::<D>()).await;
+    let route: SqlxRoute<D::DB, ConfRow> = db.broker().route::<ConfRow>("emails");
+    route.connect().await.expect("connect");
+    for chunk in 0..N / 300 {
+        let kind = if chunk % 2 == 0 { "a" } else { "b" };
+        route
+            .publish_jobs(jobs("emails.dead", Some(kind), 300))
+            .await
+            .expect("publish");
+    }
+    let all = route
+        .dead_letters("emails.dead", &DeadSelector::All, usize::MAX)
+        .await
+        .expect("list all");
+    assert_eq!(all.len(), N);
+
+    let before = route.rows_read();
+    let oldest = route
+        .oldest_dead_letter("emails.dead")
+        .await
+        .expect("oldest")
+        .expect("there is one");
+    assert_eq!(
+        oldest.id,
+        all[N - 1].id,
+        "the oldest is the one listed last"
+    );
+    assert_eq!(route.rows_read() - before, 1, "the oldest is one row read");
+
+    route.take_largest_read();
+    let report = route
+        .replay("emails.dead", &DeadSelector::Kind("a".to_owned()))
+        .await
+        .expect("replay by kind");
+    let largest = route.take_largest_read();
+    assert!(
+        largest <= WALK_PAGE,
+        "a replay of {N} dead letters read {largest} rows at once"
+    );
+    assert_eq!(
+        (report.replayed, report.skipped, report.failed),
+        (600, 0, 0)
+    );
+    assert_eq!(route.dead_len("emails.dead").await.expect("len"), 600);
+    let back = route.stats("emails").await.expect("stats");
+    assert_eq!(back.ready, 600, "every replayed letter is back, once");
+
+    let purged = route
+        .purge("emails.dead", &DeadSelector::All)
+        .await
+        .expect("purge all");
+    let largest = route.take_largest_read();
+    assert!(
+        largest <= WALK_PAGE,
+        "a purge of {N} dead letters read {largest} rows at once"
+    );
+    assert_eq!(purged, 600);
+    assert_eq!(route.dead_len("emails.dead").await.expect("len"), 0);
+    assert_eq!(
+        route.stats("emails").await.expect("stats").ready,
+        600,
+        "the purge touched no job of the queue"
+    );
+    assert!(
+        route
+            .oldest_dead_letter("emails.dead")
+            .await
+            .expect("oldest")
+            .is_none()
+    );
+}
+
+/// A replay of every dead letter while more are dead-lettered: every letter is either replayed
+/// once or still dead, none twice, none lost.
+async fn a_replay_while_letters_arrive_loses_and_repeats_nothing<D: Db>()
+where
+    D::DB: Dialect,
+{
+    let db = D::fresh("deadarrive", conf_ddl::<D>()).await;
+    let route: SqlxRoute<D::DB, ConfRow> = db.broker().route::<ConfRow>("emails");
+    route.connect().await.expect("connect");
+    let tagged = |n: usize, from: usize| -> Vec<Job> {
+        (from..from + n)
+            .map(|i| Job::new("emails.dead", &i).expect("encodes"))
+            .collect()
+    };
+    route.publish_jobs(tagged(1_100, 0)).await.expect("publish");
+    let adder = {
+        let route = route.clone();
+        tokio::spawn(async move {
+            for k in 0..10 {
+                route
+                    .publish_jobs(tagged(50, 10_000 + 50 * k))
+                    .await
+                    .expect("publish while replaying");
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let report = route
+        .replay("emails.dead", &DeadSelector::All)
+        .await
+        .expect("replay all");
+    adder.await.expect("adder");
+    assert_eq!(report.failed, 0);
+    let dead = route.dead_len("emails.dead").await.expect("len");
+    let ready = route.stats("emails").await.expect("stats").ready;
+    assert_eq!(ready, report.replayed, "each replayed letter is back once");
+    assert_eq!(
+        ready + dead,
+        1_600,
+        "every letter is replayed or still dead (replayed {ready}, dead {dead})"
+    );
+    assert!(
+        report.replayed >= 1_100,
+        "the letters there at the start are replayed"
+    );
+}
+
 common::on_both!(
+    replay_and_purge_hold_a_page_at_a_time,
+    a_replay_while_letters_arrive_loses_and_repeats_nothing,
     listings_read_the_rows_they_return,
     a_cancel_reads_one_row,
     names_of_no_table_keep_nothing,

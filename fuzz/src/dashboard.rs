@@ -131,41 +131,47 @@ pub fn request(data: &[u8]) {
     let query = uri_part(inp.chunk());
     let cookie = inp.chunk().to_vec();
     let authorization = inp.chunk().to_vec();
-    let mut body = Vec::new();
-    if flags & 0x10 != 0 {
-        body.extend_from_slice(format!("csrf={CSRF}&").as_bytes());
-    }
-    body.extend_from_slice(inp.rest());
-
+    let rest = inp.rest().to_vec();
     let nested = flags & 0x80 != 0;
+    let prefix = if nested { "/jobs" } else { "" };
     let uri = format!(
-        "{}{path}{}{query}",
-        if nested { "/jobs" } else { "" },
+        "{prefix}{path}{}{query}",
         if query.is_empty() { "" } else { "?" }
     );
-    let mut req = Request::builder()
-        .method(if flags & 1 != 0 { "POST" } else { "GET" })
-        .uri(uri.as_str());
-    if flags & 1 != 0 {
-        req = req.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
-    }
+    let auth_header = match flags & 0x0c {
+        0x04 => Some(format!("Bearer {TOKEN}").into_bytes()),
+        0x08 => Some(authorization),
+        _ => None,
+    };
     let mut cookies = Vec::new();
     if flags & 0x20 != 0 {
         cookies.extend_from_slice(format!("sdj_csrf={CSRF}; ").as_bytes());
     }
     cookies.extend_from_slice(&cookie);
-    if !cookies.is_empty() {
-        req = req.header(header::COOKIE, cookies);
-    }
-    match flags & 0x0c {
-        0x04 => req = req.header(header::AUTHORIZATION, format!("Bearer {TOKEN}")),
-        0x08 => req = req.header(header::AUTHORIZATION, authorization),
-        _ => {}
-    }
-    // A URI or header value the http crate refuses never reaches the dashboard.
-    let Ok(req) = req.body(Body::from(body)) else {
-        return;
+    // The request, with `token` as the form's CSRF field when the input asks for one. A URI or
+    // header value the http crate refuses never reaches the dashboard.
+    let build = |method: &str, uri: &str, token: Option<&str>| {
+        let mut body = Vec::new();
+        if let Some(t) = token {
+            body.extend_from_slice(format!("csrf={t}&").as_bytes());
+        }
+        body.extend_from_slice(&rest);
+        let mut req = Request::builder().method(method).uri(uri);
+        if method == "POST" {
+            req = req.header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        }
+        if !cookies.is_empty() {
+            req = req.header(header::COOKIE, cookies.clone());
+        }
+        if let Some(a) = &auth_header {
+            req = req.header(header::AUTHORIZATION, a.clone());
+        }
+        req.body(Body::from(body)).ok()
     };
+    let method = if flags & 1 != 0 { "POST" } else { "GET" };
+    if build(method, &uri, None).is_none() {
+        return;
+    }
     let mode = (flags >> 1) & 3;
     runtime().block_on(async move {
         let b = seeded().await;
@@ -183,6 +189,32 @@ pub fn request(data: &[u8]) {
             Router::new().nest("/jobs", d.router())
         } else {
             d.router()
+        };
+        // A form's CSRF field: the token a confirmation page gives this input's cookie and
+        // credentials (the dashboard binds it to them), so that a POST reaches the action.
+        let token = if flags & 0x10 != 0 {
+            let page = format!("{prefix}/dead/confirm?dl=billing.dead&action=purge&all=1");
+            let mut token = CSRF.to_owned();
+            if let Some(req) = build("GET", &page, None)
+                && let Ok(Ok(resp)) =
+                    tokio::time::timeout(Duration::from_secs(10), router.clone().oneshot(req)).await
+                && let Ok(Ok(body)) =
+                    tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect()).await
+            {
+                let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+                if let Some(at) = text.find("name=\"csrf\" value=\"") {
+                    let from = at + "name=\"csrf\" value=\"".len();
+                    if let Some(v) = text.get(from..from + 64) {
+                        token = v.to_owned();
+                    }
+                }
+            }
+            Some(token)
+        } else {
+            None
+        };
+        let Some(req) = build(method, &uri, token.as_deref()) else {
+            return;
         };
         let resp = tokio::time::timeout(Duration::from_secs(10), router.oneshot(req))
             .await

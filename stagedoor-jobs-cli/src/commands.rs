@@ -16,10 +16,11 @@ use super::{Command, Dead, Select};
 
 /// Above this many selected dead letters, a replay shows a progress bar.
 const BAR_FROM: usize = 20;
-/// Up to this many, a replay or purge moves the dead letters it listed one at a time, by id
-/// (the bar moves, and a purge deletes exactly what was confirmed). Above it, one call with
-/// the selector: the backends look a dead letter up by reading the whole dead letter, so one
-/// at a time would grow with the square of the count.
+/// Up to this many, a replay moves the dead letters it listed one at a time, by id (the bar
+/// moves); above it, one call with the selector, which the backends walk a page at a time. A
+/// purge always deletes one at a time, by id: exactly what was listed and confirmed, never a
+/// letter that arrived since (a backend looks one dead letter up by its id, not by reading the
+/// dead letter).
 const ONE_BY_ONE_UP_TO: usize = 1_000;
 
 /// Runs `command` on broker `b`; returns the exit code.
@@ -777,34 +778,28 @@ async fn purge<B: DeadLetters>(
         }
     }
     let (mut purged, mut skipped) = (0u64, 0u64);
-    if letters.len() <= ONE_BY_ONE_UP_TO {
-        // Exactly what was listed (and confirmed), not what arrived since.
-        let bar = progress(letters.len(), "purging");
-        let interrupt = Interrupt::listen();
-        for (i, d) in letters.iter().enumerate() {
-            if interrupt.raised() {
+    // Exactly what was listed (and confirmed), however many: never by selector, which would
+    // also take the letters that arrived since.
+    let bar = progress(letters.len(), "purging");
+    let interrupt = Interrupt::listen();
+    for (i, d) in letters.iter().enumerate() {
+        if interrupt.raised() {
+            bar.finish_and_clear();
+            summary(out, "purged", dead, "", purged, skipped, None);
+            return Err(interrupted(letters.len() - i, "purge", "purged"));
+        }
+        match b.purge(dead, &DeadSelector::Id(d.id.clone())).await {
+            Ok(0) => skipped += 1,
+            Ok(n) => purged += n,
+            Err(e) => {
                 bar.finish_and_clear();
                 summary(out, "purged", dead, "", purged, skipped, None);
-                return Err(interrupted(letters.len() - i, "purge", "purged"));
+                return Err(Failure::broker(e));
             }
-            match b.purge(dead, &DeadSelector::Id(d.id.clone())).await {
-                Ok(0) => skipped += 1,
-                Ok(n) => purged += n,
-                Err(e) => {
-                    bar.finish_and_clear();
-                    summary(out, "purged", dead, "", purged, skipped, None);
-                    return Err(Failure::broker(e));
-                }
-            }
-            bar.inc(1);
         }
-        bar.finish_and_clear();
-    } else {
-        let bar = spinner(letters.len(), "purging");
-        let r = b.purge(dead, &sel).await;
-        bar.finish_and_clear();
-        purged = r.map_err(Failure::broker)?;
+        bar.inc(1);
     }
+    bar.finish_and_clear();
     summary(out, "purged", dead, "", purged, skipped, None);
     Ok(OK)
 }

@@ -18,6 +18,7 @@ pub(crate) struct Plan {
     listen: String,
     read_only: bool,
     auth: Option<Auth>,
+    allowed_hosts: Vec<String>,
 }
 
 /// The value of the environment variable `var`, which must be set and not empty.
@@ -66,22 +67,36 @@ pub(crate) async fn plan(args: &DashboardArgs) -> Result<Plan, Failure> {
     {
         return Err(Failure::usage(ServeError::NoAuth(*open).to_string()));
     }
+    if let Some(bad) = args
+        .allowed_host
+        .iter()
+        .find(|h| h.is_empty() || h.contains(['/', ' ', '@']))
+    {
+        return Err(Failure::usage(format!(
+            "--allowed-host `{bad}`: give a host name as browsers send it, e.g. jobs.example.com or jobs.example.com:8443 (no scheme, no path)"
+        )));
+    }
     Ok(Plan {
         listen: args.listen.clone(),
         read_only: args.read_only,
         auth,
+        allowed_hosts: args.allowed_host.clone(),
     })
 }
 
 /// Serves the dashboard of `b` until Ctrl-C.
 pub(crate) async fn serve<B: Broker>(b: B, ctx: &Ctx, plan: Plan) -> Result<u8, Failure> {
     let naming = ctx.clone();
+    let allowed_hosts = plan.allowed_hosts.clone();
     let mut dashboard = Dashboard::new(b)
         .title(format!("stagedoor-jobs · {}", ctx.place))
         .read_only(plan.read_only)
         .dead_letters_named(move |name| naming.is_dead(name));
     if let Some(auth) = plan.auth {
         dashboard = dashboard.auth(auth);
+    }
+    for host in &allowed_hosts {
+        dashboard = dashboard.allowed_host(host);
     }
     let server = stagedoor_jobs_dashboard::bind(dashboard, &plan.listen)
         .await
@@ -105,6 +120,12 @@ pub(crate) async fn serve<B: Broker>(b: B, ctx: &Ctx, plan: Plan) -> Result<u8, 
     );
     let _ = out.flush();
     drop(out);
+    if !addr.ip().is_loopback() && allowed_hosts.is_empty() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "note: the dashboard answers to IP addresses and localhost only (another Host gets 421): add --allowed-host NAME for the name browsers or a proxy use"
+        );
+    }
     server
         .run()
         .await

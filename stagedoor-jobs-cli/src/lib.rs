@@ -166,6 +166,11 @@ pub(crate) struct DashboardArgs {
     /// `user:password`.
     #[arg(long, value_name = "VAR")]
     pub(crate) basic_auth_env: Option<String>,
+    /// Also answer to this host name (`jobs.example.com`: any port; `name:port`: that port
+    /// only), the name browsers or a proxy reach the dashboard by; repeat for several. Without
+    /// it only localhost and IP addresses are answered (421 otherwise: DNS rebinding).
+    #[arg(long, value_name = "HOST")]
+    pub(crate) allowed_host: Vec<String>,
 }
 
 /// The dead-letter commands. QUEUE is the queue the jobs failed on (`jobs`, `emails`); its

@@ -83,9 +83,14 @@ fn serve(mut command: Command) -> Served {
 
 /// One HTTP/1.1 request: the status and the body.
 fn http(addr: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    http_to(addr, addr, path, headers)
+}
+
+/// One HTTP/1.1 request to `addr` naming `host`: the status and the body.
+fn http_to(addr: &str, host: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let mut s = TcpStream::connect(addr).expect("connect to the dashboard");
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -267,6 +272,66 @@ async fn serves_an_sqlite_table_behind_a_token() {
         .unwrap_or_else(|| panic!("{v}"));
     assert_eq!(billing["dead_count"], 3, "{v}");
     drop(served);
+}
+
+/// Without auth on loopback, a `Host` of another name (a DNS rebinding) is refused with 421
+/// naming `--allowed-host`; a name given with `--allowed-host` is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_its_own_and_allowed_host_names_are_answered() {
+    let db = Lite::fresh("clidash", conf_ddl::<Lite>()).await;
+    let route = Lite::route::<ConfRow>(&db.broker(), "mail");
+    seed(&route).await;
+    let url = db.child_env()[1].1.clone();
+    let mut c = command();
+    c.args([
+        "--url",
+        &url,
+        "--table",
+        "conf_jobs",
+        "dashboard",
+        "--listen",
+        "127.0.0.1:0",
+        "--allowed-host",
+        "jobs.example.com",
+        "--allowed-host",
+        "ops.example.com:8443",
+    ]);
+    let served = serve(c);
+    let addr = served.addr.clone();
+    let port = addr.rsplit_once(':').unwrap().1.to_owned();
+    for (host, want) in [
+        (addr.clone(), 200),
+        (format!("localhost:{port}"), 200),
+        ("jobs.example.com".to_owned(), 200),
+        ("ops.example.com:8443".to_owned(), 200),
+        (format!("attacker.example:{port}"), 421),
+        ("ops.example.com".to_owned(), 421),
+    ] {
+        let (status, body) = tokio::task::spawn_blocking({
+            let (addr, host) = (addr.clone(), host.clone());
+            move || http_to(&addr, &host, "/workers", &[])
+        })
+        .await
+        .unwrap();
+        assert_eq!(status, want, "Host: {host}: {body}");
+        if want == 421 {
+            assert!(body.contains("--allowed-host"), "{body}");
+        }
+    }
+    drop(served);
+    let out = command()
+        .args([
+            "--url",
+            &url,
+            "dashboard",
+            "--allowed-host",
+            "https://jobs.example.com/",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no scheme"), "{err}");
 }
 
 #[cfg_attr(

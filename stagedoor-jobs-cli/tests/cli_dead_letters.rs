@@ -298,3 +298,134 @@ async fn sqlite_table_without_enqueued_at_shows_it_unknown() {
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// `dead purge --all` of more than 1,000 dead letters deletes exactly the ones it listed: a
+/// dead letter that arrives once the purge has begun (a trigger adds one at the first delete)
+/// is left, as are the jobs of the live queue (waiting, delayed, running). Before, above 1,000
+/// the purge deleted by selector and took the late one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_purge_of_many_deletes_exactly_what_it_listed() {
+    const LISTED: i64 = 1_200;
+    let dir = std::env::temp_dir().join(format!("stagedoor-cli-purge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(format!("{}.db", unique("mailer")));
+    let url = format!("sqlite://{}", path.display());
+    let mut conn = sqlx::SqliteConnection::connect(&format!("{url}?mode=rwc"))
+        .await
+        .expect("create the SQLite file");
+    let ddl = format!(
+        "CREATE TABLE mail_jobs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            queue TEXT NOT NULL,
+            attempt INTEGER NOT NULL DEFAULT 1,
+            retry_after TEXT NOT NULL,
+            locked_until TEXT,
+            payload BLOB NOT NULL
+        );
+        WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {LISTED})
+        INSERT INTO mail_jobs (queue, attempt, retry_after, payload)
+        SELECT 'emails.dead', 3, '2020-01-02 03:04:05+00:00', x'7b7d' FROM n;
+        INSERT INTO mail_jobs (queue, attempt, retry_after, locked_until, payload) VALUES
+            ('emails', 1, '2020-01-02 03:04:05+00:00', NULL, x'7b7d'),
+            ('emails', 1, '2999-01-02 03:04:05+00:00', NULL, x'7b7d'),
+            ('emails', 1, '2020-01-02 03:04:05+00:00', '2999-01-02 03:04:05+00:00', x'7b7d');
+        CREATE TABLE arrived (n INTEGER);
+        CREATE TRIGGER a_late_letter AFTER DELETE ON mail_jobs
+        WHEN OLD.queue = 'emails.dead' AND NOT EXISTS (SELECT 1 FROM arrived)
+        BEGIN
+            INSERT INTO arrived VALUES (1);
+            INSERT INTO mail_jobs (queue, attempt, retry_after, payload)
+            VALUES ('emails.dead', 3, '2030-01-02 03:04:05+00:00', x'6c617465');
+        END;"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+        .execute(&mut conn)
+        .await
+        .expect("create the table, its dead letters and live jobs");
+    let base = ["--url", url.as_str(), "--table", "mail_jobs"];
+    let done = json(&base, &["dead", "purge", "emails", "--all", "--yes"]);
+    assert_eq!(done["purged"], LISTED, "{done:#}");
+    let left: Vec<(String, Vec<u8>)> =
+        sqlx::query_as("SELECT queue, payload FROM mail_jobs ORDER BY id")
+            .fetch_all(&mut conn)
+            .await
+            .expect("read what is left");
+    let dead: Vec<&(String, Vec<u8>)> = left.iter().filter(|(q, _)| q == "emails.dead").collect();
+    assert_eq!(
+        dead.len(),
+        1,
+        "only the letter that arrived after the listing is left: {left:?}"
+    );
+    assert_eq!(dead[0].1, b"late".to_vec());
+    assert_eq!(
+        left.iter().filter(|(q, _)| q == "emails").count(),
+        3,
+        "the live queue's waiting, delayed and running jobs are all there"
+    );
+    conn.close().await.expect("close");
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// On tables without a group column, where a dead letter is a table of its own, `dead purge`
+/// and `dead replay` of another job table (a live one, not a dead letter) are refused, naming
+/// what a dead letter is; its rows are all there after. Before, the purge deleted them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_purge_of_a_live_table_is_refused() {
+    let dir = std::env::temp_dir().join(format!("stagedoor-cli-live-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(format!("{}.db", unique("tables")));
+    let url = format!("sqlite://{}", path.display());
+    let mut conn = sqlx::SqliteConnection::connect(&format!("{url}?mode=rwc"))
+        .await
+        .expect("create the SQLite file");
+    let table = |name: &str| {
+        format!(
+            "CREATE TABLE {name} (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                attempt INTEGER NOT NULL DEFAULT 1,
+                retry_after TEXT NOT NULL,
+                locked_until TEXT,
+                payload BLOB NOT NULL
+            );
+            INSERT INTO {name} (retry_after, locked_until, payload) VALUES
+                ('2020-01-02 03:04:05+00:00', NULL, x'7b7d'),
+                ('2999-01-02 03:04:05+00:00', NULL, x'7b7d'),
+                ('2020-01-02 03:04:05+00:00', '2999-01-02 03:04:05+00:00', x'7b7d');"
+        )
+    };
+    let ddl = format!("{}{}", table("plain_jobs"), table("sms_jobs"));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+        .execute(&mut conn)
+        .await
+        .expect("create two live job tables");
+    let base = ["--url", url.as_str(), "--table", "plain_jobs"];
+    for args in [
+        &["dead", "purge", "sms_jobs", "--all", "--yes"][..],
+        &["dead", "replay", "sms_jobs", "--all"][..],
+    ] {
+        let r = run(&base, args);
+        assert_ne!(r.code, 0, "{args:?} is refused: {r:?}");
+        assert!(
+            r.stderr.contains("`sms_jobs` is not a dead letter") && r.stderr.contains("_dead"),
+            "{args:?} names what a dead letter is: {r:?}"
+        );
+    }
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sms_jobs")
+        .fetch_one(&mut conn)
+        .await
+        .expect("count");
+    assert_eq!(
+        left, 3,
+        "the live table's waiting, delayed and running rows are all there"
+    );
+    conn.close().await.expect("close");
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        let _ = std::fs::remove_file(p);
+    }
+}

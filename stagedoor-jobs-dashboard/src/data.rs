@@ -2,7 +2,9 @@
 //! error turned into a message (with URL passwords masked) that the page shows.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::activity::{MinuteCounts, WorkerReport, minute_of};
@@ -10,7 +12,57 @@ use stagedoor_jobs::broker::mask_url;
 use stagedoor_jobs::{Activity, BrokerError, DeadLetter, DeadLetters, DeadSelector, QueueStats};
 
 use crate::Dashboard;
-use crate::security::Sessions;
+use crate::security::{Keys, Sessions, Throttle};
+
+tokio::task_local! {
+    /// When the request being answered must be done: every backend call it makes shares it.
+    pub(crate) static DEADLINE: Instant;
+}
+
+/// How long what the polling pages read (the queues' names and counts, the chart, the
+/// workers) is shared between requests: N open tabs cost one backend read per second.
+pub(crate) const POLL_TTL: Duration = Duration::from_secs(1);
+
+/// A value shared between requests for [`POLL_TTL`]; one request reads it while the others
+/// wait for its answer.
+pub(crate) struct Cached<T>(tokio::sync::Mutex<Option<(Instant, Arc<T>)>>);
+
+impl<T> Default for Cached<T> {
+    fn default() -> Self {
+        Self(tokio::sync::Mutex::new(None))
+    }
+}
+
+impl<T> Cached<T> {
+    /// The value read less than [`POLL_TTL`] ago, else `read`'s.
+    pub(crate) async fn get<F: std::future::Future<Output = T>>(
+        &self,
+        read: impl FnOnce() -> F,
+    ) -> Arc<T> {
+        let mut slot = self.0.lock().await;
+        if let Some((at, v)) = &*slot
+            && at.elapsed() < POLL_TTL
+        {
+            return v.clone();
+        }
+        let v = Arc::new(read().await);
+        *slot = Some((Instant::now(), v.clone()));
+        v
+    }
+
+    /// Forgets the value (after an action changed what it shows).
+    pub(crate) async fn clear(&self) {
+        *self.0.lock().await = None;
+    }
+}
+
+/// What the queues page and its JSON show, read once for every tab polling it.
+pub(crate) struct Polled {
+    pub(crate) rows: Shown<Vec<QueueRow>>,
+    pub(crate) minutes: Vec<MinuteCounts>,
+    pub(crate) chart_error: Option<String>,
+    pub(crate) now: DateTime<Utc>,
+}
 
 /// What a backend must be for the dashboard.
 pub(crate) trait Backend: DeadLetters + Activity + Clone + Send + Sync + 'static {}
@@ -23,6 +75,12 @@ pub(crate) type Shown<T> = Result<T, String>;
 pub(crate) struct App<B> {
     pub(crate) dashboard: Dashboard<B>,
     pub(crate) sessions: Sessions,
+    pub(crate) keys: Keys,
+    pub(crate) throttle: Throttle,
+    /// The queues page's reads, shared for [`POLL_TTL`].
+    pub(crate) polled: Cached<Polled>,
+    /// The workers page's read, shared for [`POLL_TTL`].
+    pub(crate) polled_workers: Cached<Shown<Vec<WorkerReport>>>,
     connected: AtomicBool,
 }
 
@@ -52,18 +110,22 @@ pub(crate) struct Names {
     pub(crate) dead: Vec<(String, Option<String>, bool)>,
 }
 
-/// Text with each URL's password masked.
+/// Text with each URL's password masked (each word holding `://`, words split at any
+/// whitespace, which is kept).
 pub(crate) fn mask_text(text: &str) -> String {
-    text.split(' ')
+    if !text.contains("://") {
+        return text.to_owned();
+    }
+    text.split_inclusive(char::is_whitespace)
         .map(|w| {
             if w.contains("://") {
-                mask_url(w)
+                let word = w.trim_end_matches(char::is_whitespace);
+                format!("{}{}", mask_url(word), &w[word.len()..])
             } else {
                 w.to_owned()
             }
         })
-        .collect::<Vec<_>>()
-        .join(" ")
+        .collect()
 }
 
 impl<B: Backend> App<B> {
@@ -72,6 +134,10 @@ impl<B: Backend> App<B> {
         Self {
             dashboard,
             sessions: Sessions::default(),
+            keys: Keys::new(),
+            throttle: Throttle::default(),
+            polled: Cached::default(),
+            polled_workers: Cached::default(),
             connected: AtomicBool::new(false),
         }
     }
@@ -84,23 +150,72 @@ impl<B: Backend> App<B> {
         self.dashboard.read_only
     }
 
-    /// Runs one backend call within the timeout, connecting the broker first if needed.
+    /// How long the next backend call may take: the timeout, or less when the request's
+    /// deadline is nearer; `None` once the deadline has passed.
+    fn budget(&self) -> Option<Duration> {
+        let timeout = self.dashboard.timeout;
+        match DEADLINE.try_with(|d| d.checked_duration_since(Instant::now())) {
+            Ok(Some(left)) if !left.is_zero() => Some(left.min(timeout)),
+            Ok(_) => None,
+            Err(_) => Some(timeout),
+        }
+    }
+
+    /// What the backend says of `dl` as a dead letter
+    /// ([`DeadLetters::check_dead_letter`](stagedoor_jobs::DeadLetters::check_dead_letter)):
+    /// `Some(Ok(()))` it is one, `Some(Err(message))` it is not; `None` when the backend could
+    /// not tell (not reachable, no answer in time): the page shows that from its own calls,
+    /// and the backend checks again before it replays or purges anything.
+    pub(crate) async fn dead_letter_check(&self, dl: &str) -> Option<Result<(), String>> {
+        // Connect first, as every call does.
+        self.call(async { Ok::<(), BrokerError>(()) }).await.ok()?;
+        let budget = self.budget()?;
+        match tokio::time::timeout(budget, self.broker().check_dead_letter(dl)).await {
+            Ok(Ok(())) => Some(Ok(())),
+            Ok(Err(BrokerError::Invalid(m))) => Some(Err(mask_text(&m))),
+            _ => None,
+        }
+    }
+
+    /// What the dashboard's own rule says of `name` as a dead letter
+    /// ([`Dashboard::dead_letters_named`](crate::Dashboard::dead_letters_named)), if it has one.
+    pub(crate) fn dead_rule_says(&self, name: &str) -> Option<bool> {
+        self.dashboard.dead_rule.as_ref().map(|rule| rule(name))
+    }
+
+    /// Runs one backend call within the timeout and the request's deadline, connecting the
+    /// broker first if needed.
     pub(crate) async fn call<T>(
         &self,
         f: impl std::future::Future<Output = Result<T, BrokerError>>,
     ) -> Shown<T> {
         if !self.connected.load(Ordering::Relaxed) {
-            match tokio::time::timeout(self.dashboard.timeout, self.broker().connect()).await {
+            let Some(budget) = self.budget() else {
+                return Err(self.past_deadline());
+            };
+            match tokio::time::timeout(budget, self.broker().connect()).await {
                 Ok(Ok(())) => self.connected.store(true, Ordering::Relaxed),
                 Ok(Err(e)) => return Err(format!("cannot connect: {}", mask_text(&e.to_string()))),
                 Err(_) => return Err(self.no_answer()),
             }
         }
-        match tokio::time::timeout(self.dashboard.timeout, f).await {
+        let Some(budget) = self.budget() else {
+            return Err(self.past_deadline());
+        };
+        match tokio::time::timeout(budget, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(mask_text(&e.to_string())),
+            Err(_) if self.budget().is_none() => Err(self.past_deadline()),
             Err(_) => Err(self.no_answer()),
         }
+    }
+
+    fn past_deadline(&self) -> String {
+        format!(
+            "stopped at the request's deadline ({}s): the {} backend answered too slowly for everything this page asks, so the rest was not read. Select fewer, act by kind, or raise the dashboard's timeout",
+            self.dashboard.timeout.as_secs_f64(),
+            self.broker().backend(),
+        )
     }
 
     fn no_answer(&self) -> String {
@@ -120,6 +235,21 @@ impl<B: Backend> App<B> {
             (Some(x), Some(y)) if x == y && !x.is_empty() => Some(x.to_owned()),
             _ => None,
         }
+    }
+
+    /// Whether `name` is named as a dead letter, without asking the backend: by the
+    /// dashboard's rule ([`Dashboard::dead_letters_named`](crate::Dashboard::dead_letters_named))
+    /// when it has one, else by the backend's naming (`emails.dead`, `jobs:dead`, the one
+    /// dead-letter table `mail_jobs_dead` of a table without groups).
+    pub(crate) fn is_dead_letter_name(&self, name: &str) -> bool {
+        if let Some(says) = self.dead_rule_says(name) {
+            return says;
+        }
+        let suffixed = self
+            .dead_suffix()
+            .and_then(|s| name.strip_suffix(s.as_str()).map(str::is_empty))
+            == Some(false);
+        suffixed || self.broker().default_dead_letter(name) == name
     }
 
     /// Whether `name` (among `listed`) is a dead letter, and the queue it belongs to.
@@ -256,11 +386,52 @@ impl<B: Backend> App<B> {
         (minutes, error)
     }
 
-    /// The live workers, by id.
-    pub(crate) async fn workers(&self) -> Shown<Vec<WorkerReport>> {
-        let mut w = self.call(self.broker().workers()).await?;
-        w.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(w)
+    /// The live workers, by id (read at most once per [`POLL_TTL`] for every tab).
+    pub(crate) async fn workers(&self) -> Arc<Shown<Vec<WorkerReport>>> {
+        self.polled_workers
+            .get(|| async {
+                let mut w = self.call(self.broker().workers()).await?;
+                w.sort_by(|a, b| a.id.cmp(&b.id));
+                Ok(w)
+            })
+            .await
+    }
+
+    /// What the queues page shows (read at most once per [`POLL_TTL`] for every tab).
+    pub(crate) async fn polled(
+        &self,
+        since: impl Fn(DateTime<Utc>) -> DateTime<Utc>,
+    ) -> Arc<Polled> {
+        self.polled
+            .get(|| async {
+                let now = Utc::now();
+                match self.names().await {
+                    Ok(names) => {
+                        let rows = self.queue_rows(&names).await;
+                        let (minutes, chart_error) =
+                            self.throughput(&names.queues, since(now)).await;
+                        Polled {
+                            rows: Ok(rows),
+                            minutes,
+                            chart_error,
+                            now,
+                        }
+                    }
+                    Err(e) => Polled {
+                        rows: Err(e),
+                        minutes: Vec::new(),
+                        chart_error: None,
+                        now,
+                    },
+                }
+            })
+            .await
+    }
+
+    /// Forgets what the polling pages read: an action changed it.
+    pub(crate) async fn changed(&self) {
+        self.polled.clear().await;
+        self.polled_workers.clear().await;
     }
 
     /// Dead letters of `dead` that `selector` takes, newest first, at most `limit`.

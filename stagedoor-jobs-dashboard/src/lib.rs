@@ -12,7 +12,7 @@
 //! let dashboard = Dashboard::new(broker)
 //!     .auth(Auth::Token(std::env::var("JOBS_DASHBOARD_TOKEN").unwrap_or_default()))
 //!     .title("billing jobs");
-//! let app = axum::Router::new().nest("/jobs", dashboard.router());
+//! let app = axum::Router::new().nest_service("/jobs", dashboard.router());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! axum::serve(listener, app).await
 //! # }
@@ -21,14 +21,28 @@
 //! or run it alone with [`serve`] (what `stagedoor-jobs dashboard` does).
 //!
 //! # Security
-//! - Every change (replay, purge, sign in and out) is a POST carrying a CSRF token: a random
-//!   value in an `HttpOnly`, `SameSite=Strict` cookie that the form repeats in a hidden field,
-//!   compared in constant time. A POST without it is refused (403).
+//! The threat model is in the README's dashboard section; in short:
+//! - It answers only to `localhost`, IP addresses (on the port [`bind`] serves) and the names
+//!   given to [`Dashboard::allowed_host`]: any other `Host` gets 421 (DNS rebinding).
+//! - Every change (replay, purge, sign in and out) is a POST. One whose `Origin` is not the
+//!   dashboard's own, or whose `Sec-Fetch-Site` is not `same-origin`, gets 403. It must carry
+//!   the CSRF token: an HMAC-SHA-256, under a per-process random key, of the nonce in an
+//!   `HttpOnly`, `SameSite=Strict` cookie and of the session, compared in constant time (403
+//!   without it). Over HTTPS (the URI, or `X-Forwarded-Proto: https`) the cookies are
+//!   `Secure` and `__Host-` named; over plain HTTP browsers refuse that prefix, and a planted
+//!   cookie is harmless anyway (its token cannot be computed without the key).
 //! - [`Auth::Token`] accepts `Authorization: Bearer <token>` or a sign-in form that sets a
-//!   session cookie; [`Auth::Basic`] is HTTP basic auth. A request without them gets 401.
+//!   session cookie; [`Auth::Basic`] is HTTP basic auth. A request without them gets 401, and
+//!   before a credential no page shows the title or the backend. Failed credentials are
+//!   limited to 5 a minute per client and 50 in all (429 with `Retry-After`); secrets are
+//!   compared as SHA-256 digests in constant time.
 //! - [`Dashboard::read_only`] shows no action buttons and refuses every action (403).
 //! - Pages are rendered with maud, which escapes every value: a payload holding `<script>` is
 //!   shown as text. Backend errors are shown with URL passwords masked.
+//! - A request's cost is bounded: a query or form over 60 KB is refused, a selection holds at
+//!   most 1,000 ids (counted first), its backend calls share one deadline
+//!   ([`Dashboard::timeout`]), the polling pages' reads are shared for 1 s, and a payload is
+//!   shown up to 64 KB (downloaded whole).
 //! - [`serve`] refuses an address beyond loopback without [`Dashboard::auth`].
 //! - Responses carry a strict Content-Security-Policy (scripts and styles from the dashboard
 //!   only, no framing).
@@ -66,6 +80,8 @@ pub struct Dashboard<B> {
     title: String,
     dead_rule: Option<DeadRule>,
     timeout: Duration,
+    allowed_hosts: Vec<String>,
+    served_port: Option<u16>,
 }
 
 impl<B> std::fmt::Debug for Dashboard<B> {
@@ -75,6 +91,7 @@ impl<B> std::fmt::Debug for Dashboard<B> {
             .field("auth", &self.auth)
             .field("title", &self.title)
             .field("timeout", &self.timeout)
+            .field("allowed_hosts", &self.allowed_hosts)
             .finish_non_exhaustive()
     }
 }
@@ -94,6 +111,8 @@ where
             title: "stagedoor-jobs".to_owned(),
             dead_rule: None,
             timeout: DEFAULT_TIMEOUT,
+            allowed_hosts: Vec::new(),
+            served_port: None,
         }
     }
 
@@ -129,15 +148,33 @@ where
         self
     }
 
-    /// How long to wait for one backend call before showing an error instead
-    /// ([`DEFAULT_TIMEOUT`] unless set).
+    /// How long one request may take: every backend call it makes shares this deadline (a
+    /// confirmation counting 1,000 selected letters one by one stops at it and says so), and
+    /// each call waits at most this long ([`DEFAULT_TIMEOUT`] unless set).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
     }
 
+    /// Answers to `host` too (`jobs.example.com`, any port; `jobs.example.com:8443`, that
+    /// port only): the name a proxy or a browser reaches the dashboard by. Call once per name.
+    ///
+    /// Without it the dashboard answers only to `localhost` and IP addresses (on the port it
+    /// serves, when started with [`bind`]/[`serve`]); any other `Host` gets 421. That stops DNS
+    /// rebinding: a web page whose name is pointed at 127.0.0.1 reaches the dashboard with its
+    /// own name as `Host`, and is refused. A POST whose `Origin` is one of these names (or the
+    /// `Host` it was sent to) is accepted; any other `Origin` gets 403.
+    pub fn allowed_host(mut self, host: impl Into<String>) -> Self {
+        self.allowed_hosts.push(host.into());
+        self
+    }
+
     /// The dashboard as an axum [`Router`], to serve alone or to mount in an app with
-    /// `app.nest("/jobs", dashboard.router())`: its links work at any mount point.
+    /// `app.nest_service("/jobs", dashboard.router())`: its links work at any mount point, and
+    /// `nest_service` serves the page at `/jobs/` too (axum's `nest` serves `/jobs` and
+    /// `/jobs/dead`, but answers 404 at `/jobs/`). Serve the app with
+    /// `into_make_service_with_connect_info::<SocketAddr>()` so that failed sign-ins are
+    /// counted per client (without it every client counts as one).
     pub fn router(&self) -> Router {
         let app = Arc::new(data::App::new(self.clone()));
         Router::new()
@@ -147,6 +184,7 @@ where
             .route("/dead/letter", get(pages::dead::letter::<B>))
             .route("/dead/confirm", get(pages::dead::confirm::<B>))
             .route("/dead/action", post(pages::dead::action::<B>))
+            .route("/dead/payload", get(pages::dead::download::<B>))
             .route("/scheduled", get(pages::scheduled::page::<B>))
             .route("/workers", get(pages::workers::page::<B>))
             .route("/api/workers", get(pages::workers::json::<B>))
@@ -215,19 +253,24 @@ impl Server {
         .await
     }
 
-    /// Serves until `stop` completes, then finishes the requests in flight.
+    /// Serves until `stop` completes, then finishes the requests in flight. Each request
+    /// knows its client's address (failed sign-ins are counted per client).
     pub async fn run_until(
         self,
         stop: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
         let addr = self.addr;
-        axum::serve(self.listener, self.router)
-            .with_graceful_shutdown(stop)
-            .await
-            .map_err(|source| ServeError::Io {
-                addr: addr.to_string(),
-                source,
-            })
+        axum::serve(
+            self.listener,
+            self.router
+                .into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(stop)
+        .await
+        .map_err(|source| ServeError::Io {
+            addr: addr.to_string(),
+            source,
+        })
     }
 }
 
@@ -268,6 +311,8 @@ where
         addr: first.to_string(),
         source,
     })?;
+    let mut dashboard = dashboard;
+    dashboard.served_port = Some(addr.port());
     Ok(Server {
         listener,
         router: dashboard.router(),

@@ -27,15 +27,25 @@ impl Params {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Every non-empty value of `name`, each once, in order.
-    pub(crate) fn all(&self, name: &str) -> Vec<String> {
-        let mut out: Vec<String> = Vec::new();
-        for (k, v) in &self.0 {
-            if k == name && !v.is_empty() && !out.contains(v) {
-                out.push(v.clone());
-            }
+    /// Every non-empty value of `name`, each once, in order; `Err(n)` when there are `n`,
+    /// more than `max` (counted before any is compared, so the work is bounded by `max`).
+    pub(crate) fn all(&self, name: &str, max: usize) -> Result<Vec<String>, usize> {
+        let given = self
+            .0
+            .iter()
+            .filter(|(k, v)| k == name && !v.is_empty())
+            .count();
+        if given > max {
+            return Err(given);
         }
-        out
+        let mut seen = std::collections::HashSet::with_capacity(given);
+        Ok(self
+            .0
+            .iter()
+            .filter(|(k, v)| k == name && !v.is_empty())
+            .filter(|(_, v)| seen.insert(v.as_str()))
+            .map(|(_, v)| v.clone())
+            .collect())
     }
 }
 
@@ -56,7 +66,8 @@ mod tests {
     fn repeated_fields() {
         let p = Params::parse(b"dl=jobs%3Adead&id=a&id=b&id=a&id=&kind=");
         assert_eq!(p.get("dl"), Some("jobs:dead"));
-        assert_eq!(p.all("id"), vec!["a", "b"]);
+        assert_eq!(p.all("id", 3), Ok(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(p.all("id", 2), Err(3), "counted before de-duplicating");
         assert_eq!(p.get("kind"), None);
         assert_eq!(query_string([("dl", "a b&c")]), "dl=a+b%26c");
     }

@@ -30,6 +30,13 @@ pub(crate) fn page<B: Backend>(
     body: Markup,
 ) -> Markup {
     let d = &app.dashboard;
+    // Before a credential, the page shows neither the title (which may name a server) nor the
+    // backend.
+    let title = if ctx.authorized {
+        d.title.as_str()
+    } else {
+        "stagedoor-jobs"
+    };
     let tabs = [
         (Tab::Queues, "Queues", ctx.home()),
         (Tab::Dead, "Dead letters", ctx.url("/dead")),
@@ -43,20 +50,20 @@ pub(crate) fn page<B: Backend>(
             head {
                 meta charset="utf-8";
                 meta name="viewport" content="width=device-width, initial-scale=1";
-                title { (heading) " · " (d.title) }
+                title { (heading) " · " (title) }
                 link rel="stylesheet" href=(ctx.url("/assets/style.css"));
                 script src=(ctx.url("/assets/live.js")) defer {}
             }
             body data-base=(ctx.base) {
                 header.top {
-                    a.brand href=(ctx.home()) { (d.title) }
+                    a.brand href=(ctx.home()) { (title) }
                     nav {
                         @for (t, label, href) in &tabs {
                             a.active[*t == tab] href=(href) { (label) }
                         }
                     }
                     span.meta {
-                        span.backend { (app.broker().backend()) }
+                        @if ctx.authorized { span.backend { (app.broker().backend()) } }
                         @if d.read_only {
                             " " span.badge title="Actions are off: this dashboard was started read-only" { "read-only" }
                         }

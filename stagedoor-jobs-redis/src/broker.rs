@@ -82,6 +82,10 @@ pub(crate) struct Inner {
     pub(crate) housekeeping: Mutex<HashMap<String, Housekeeping>>,
     /// Dead-stream entries trimmed away so far (also logged).
     pub(crate) trimmed: AtomicU64,
+    /// Dead-stream entries the server sent to listings, replays, purges and field reads
+    /// (`dead.rs`), and the most one read sent: what tests check reads are sized by.
+    pub(crate) dead_read: AtomicU64,
+    pub(crate) dead_read_largest: AtomicU64,
     /// Per namespace and queue, its keys: a settlement looks them up instead of formatting
     /// them again (emptied past [`KEYS_CACHED`] queues).
     pub(crate) keys: Mutex<HashMap<String, HashMap<String, Arc<Keys>>>>,
@@ -210,6 +214,8 @@ impl RedisBroker {
                 consumer,
                 housekeeping: Mutex::new(HashMap::new()),
                 trimmed: AtomicU64::new(0),
+                dead_read: AtomicU64::new(0),
+                dead_read_largest: AtomicU64::new(0),
                 acks: Mutex::new(HashMap::new()),
                 keys: Mutex::new(HashMap::new()),
                 caps: Mutex::new(HashMap::new()),
@@ -579,15 +585,41 @@ impl DeadLetters for RedisBroker {
         dead: &str,
         selector: &DeadSelector,
     ) -> Result<ReplayReport, BrokerError> {
+        DeadLetters::check_dead_letter(self, dead).await?;
         self.replay(dead, selector).await
     }
 
     async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
+        DeadLetters::check_dead_letter(self, dead).await?;
         self.purge(dead, selector).await
     }
 
     async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
         self.dead_len(dead).await
+    }
+
+    async fn check_dead_letter(&self, name: &str) -> Result<(), BrokerError> {
+        // A mount's dead letter is always `<queue>:dead` here (see `check`).
+        stagedoor_jobs::broker::ensure_dead_letter(self, name, DEAD_SUFFIX, &[]).await
+    }
+
+    async fn oldest_dead_letter(&self, dead: &str) -> Result<Option<DeadLetter>, BrokerError> {
+        // The first entry of the dead stream: one entry read, whatever the stream holds.
+        let keys = self.keys(dead);
+        let mut c = self.conn()?;
+        let reply: redis::Value = redis::cmd("XRANGE")
+            .arg(&keys.dead)
+            .arg("-")
+            .arg("+")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(crate::value::entries(&reply)
+            .into_iter()
+            .next()
+            .map(|(id, f)| self.dead_letter_of(dead, id, &f)))
     }
 
     fn default_dead_letter(&self, queue: &str) -> String {

@@ -124,6 +124,16 @@ pub(crate) fn id_time(id: &str) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
 }
 
+/// Whether `id` is a complete stream entry id, `<ms>-<seq>` (two whole numbers that fit 64
+/// bits): what `XRANGE key id id` reads as that one entry.
+pub(crate) fn is_entry_id(id: &str) -> bool {
+    id.split_once('-').is_some_and(|(ms, seq)| {
+        [ms, seq].iter().all(|n| {
+            !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && n.parse::<u64>().is_ok()
+        })
+    })
+}
+
 /// The `enqueued_at` field as a time, if it is one.
 pub(crate) fn enqueued_at(fields: &Fields) -> Option<DateTime<Utc>> {
     get(fields, "enqueued_at")
@@ -342,6 +352,33 @@ mod tests {
         assert_eq!(back.attempt(), 3);
         assert_eq!(back.headers().request_id.as_deref(), Some("7f3a9c2e"));
         assert_eq!(attempts(&f), Ok(2));
+    }
+
+    #[test]
+    fn entry_ids_are_told_from_job_ids() {
+        for id in [
+            "1700000000000-0",
+            "0-1",
+            "18446744073709551615-18446744073709551615",
+        ] {
+            assert!(is_entry_id(id), "{id}");
+        }
+        for id in [
+            "",
+            "-",
+            "1700000000000",
+            "1700000000000-",
+            "-0",
+            "+1-0",
+            "1-+0",
+            "1-0-0",
+            "18446744073709551616-0",
+            "0193a2b4-7c1d-7000-8000-000000000000",
+            "job-1",
+            "(1-0",
+        ] {
+            assert!(!is_entry_id(id), "{id}");
+        }
     }
 
     fn with_attempts(v: &str) -> Fields {

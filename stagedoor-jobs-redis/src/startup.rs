@@ -17,6 +17,15 @@ impl RedisBroker {
     /// [`Inspect::connect`](stagedoor_jobs::broker::Inspect::connect) on Redis (the trait's impl
     /// in `broker.rs` calls this).
     pub(crate) async fn connect(&self) -> Result<(), BrokerError> {
+        if self.namespace.contains(['{', '}']) {
+            // Every key is `{<namespace><queue>}...`: a brace in the namespace ends the hash
+            // tag early (on a Cluster a queue's keys land in other slots: CROSSSLOT).
+            return Err(BrokerError::Invalid(format!(
+                "the Redis namespace `{}` holds a `{{` or `}}`, which Redis keys use for a queue's hash tag: use a namespace without braces, such as `{}`",
+                self.namespace,
+                self.namespace.replace(['{', '}'], "")
+            )));
+        }
         let target = self
             .inner
             .target

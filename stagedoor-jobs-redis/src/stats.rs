@@ -140,17 +140,30 @@ impl RedisBroker {
         let not_pending = len.saturating_sub(pending);
         let mut ready = lag.map_or(not_pending, |l| l.min(not_pending));
         if ready > 0 {
+            // With no lag to go by (Redis 6.2; a server that reloaded its data, whose group no
+            // longer knows how many entries it read), the entries after the last-delivered id
+            // are counted, up to `UNKNOWN_LAG_COUNTED`: "not pending" would also count settled
+            // entries waiting for the trim.
+            let count = if lag.is_none() {
+                UNKNOWN_LAG_COUNTED + 1
+            } else {
+                1
+            };
             let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
             let reply: Value = cmd("XRANGE")
                 .arg(&keys.stream)
                 .arg(start)
                 .arg("+")
                 .arg("COUNT")
-                .arg(1)
+                .arg(count)
                 .query_async(&mut c)
                 .await
                 .map_err(|e| self.err(e))?;
-            if let Some((id, _)) = value::entries(&reply).first() {
+            let after = value::entries(&reply);
+            if lag.is_none() && (after.len() as u64) <= UNKNOWN_LAG_COUNTED {
+                ready = ready.min(after.len() as u64);
+            }
+            if let Some((id, _)) = after.first() {
                 let added: i64 = id
                     .split('-')
                     .next()
@@ -254,3 +267,7 @@ impl RedisBroker {
         DateTime::<Utc>::from_timestamp_millis(score as i64)
     }
 }
+
+/// How many entries after a group's last-delivered id `stats` counts when the server cannot
+/// tell the group's lag; past it, the entries not pending are the estimate.
+const UNKNOWN_LAG_COUNTED: u64 = 1_000;

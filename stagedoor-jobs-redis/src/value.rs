@@ -110,17 +110,17 @@ pub(crate) fn into_fields(v: Value) -> Fields {
 }
 
 /// [`entries`], taking the ids and fields.
-fn into_entries(v: Value) -> Vec<(String, Fields)> {
-    into_array(v)
-        .into_iter()
-        .filter_map(|e| {
-            let mut it = into_array(e).into_iter();
-            match (it.next(), it.next(), it.next()) {
-                (Some(id), Some(f), None) => Some((into_string(id)?, into_fields(f))),
-                _ => None,
-            }
-        })
-        .collect()
+pub(crate) fn into_entries(v: Value) -> Vec<(String, Fields)> {
+    into_array(v).into_iter().filter_map(into_entry).collect()
+}
+
+/// One entry of an XRANGE/XREVRANGE reply, `[id, fields]`, taken: (id, fields).
+pub(crate) fn into_entry(e: Value) -> Option<(String, Fields)> {
+    let mut it = into_array(e).into_iter();
+    match (it.next(), it.next(), it.next()) {
+        (Some(id), Some(f), None) => Some((into_string(id)?, into_fields(f))),
+        _ => None,
+    }
 }
 
 /// The entries of an XREADGROUP reply of several streams, each with its stream's key, taken

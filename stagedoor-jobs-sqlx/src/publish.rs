@@ -26,8 +26,9 @@ pub(crate) fn keyed_by_row(table: &Table) -> bool {
 }
 
 /// What a publish of `envelopes` into `queue` did, from the ids (as text) of the rows its
-/// inserts returned: one per stored row, in the jobs' order when [`keyed_by_row`] (each row is
-/// inserted by a statement of its own), in any order otherwise. A job whose id is already in
+/// inserts returned: one per stored row, in the jobs' order when [`keyed_by_row`] (rows
+/// inserted in the jobs' order, their ids checked to be in it: see `route/publish.rs`), in
+/// any order otherwise. A job whose id is already in
 /// the table, or earlier in the batch, returned nothing: it is reported as not stored (and
 /// logged). A table whose id the database generates stores every job.
 pub(crate) fn reports(

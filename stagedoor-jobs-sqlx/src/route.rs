@@ -73,6 +73,11 @@ struct RouteInner {
     taken: Mutex<HashMap<String, u64>>,
     /// The rows [`SqlxRoute::fetch`] has read, for tests.
     rows_read: std::sync::atomic::AtomicU64,
+    /// The most rows one [`SqlxRoute::fetch`] has returned, for tests.
+    largest_read: std::sync::atomic::AtomicU64,
+    /// Whether a multi-row insert into a table whose id the database generates returns ids
+    /// that tell its rows apart (see `publish.rs`): true until one does not.
+    rows_in_order: std::sync::atomic::AtomicBool,
 }
 
 /// One job table of a [`SqlxBroker`]: mount subscribers on it, publish into it.
@@ -149,6 +154,8 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 floors: Floors::default(),
                 taken: Mutex::new(HashMap::new()),
                 rows_read: std::sync::atomic::AtomicU64::new(0),
+                largest_read: std::sync::atomic::AtomicU64::new(0),
+                rows_in_order: std::sync::atomic::AtomicBool::new(true),
             }),
             _row: PhantomData,
         }
@@ -356,6 +363,9 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         self.inner
             .rows_read
             .fetch_add(rows.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.inner
+            .largest_read
+            .fetch_max(rows.len() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(rows.iter().map(|r| read::<DB>(r, &stmts.table)).collect())
     }
 
@@ -367,6 +377,15 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         self.inner
             .rows_read
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The most rows one read through [`fetch`](Self::fetch) returned since the last call
+    /// (what a read held at once); resets it. For tests.
+    #[doc(hidden)]
+    pub fn take_largest_read(&self) -> u64 {
+        self.inner
+            .largest_read
+            .swap(0, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The time in column 0 of a one-row answer (a `MIN` of due times); `None` when there is

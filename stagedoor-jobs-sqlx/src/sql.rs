@@ -249,6 +249,12 @@ pub(crate) struct Statements {
     /// A page of a group's rows, newest first: [`P::Limit`] rows after the first
     /// [`P::Offset`].
     pub(crate) list: Stmt,
+    /// A group's oldest row, the one [`list`](Self::list) lists last.
+    pub(crate) oldest: Stmt,
+    /// The first [`P::Limit`] rows of a group by id.
+    pub(crate) walk: Stmt,
+    /// The next [`P::Limit`] rows of a group by id, after id [`P::Id`].
+    pub(crate) walk_after: Stmt,
     /// The row of id [`P::Id`] in a group.
     pub(crate) find_id: Stmt,
     /// The rows of a group whose headers are like [`P::JobId`] (`!` escapes); empty without a
@@ -359,6 +365,9 @@ impl Statements {
         let inspect::Inspects {
             stats,
             list,
+            oldest,
+            walk,
+            walk_after,
             find_id,
             find_job,
             find_either,
@@ -386,6 +395,9 @@ impl Statements {
             insert_notify,
             stats,
             list,
+            oldest,
+            walk,
+            walk_after,
             find_id,
             find_job,
             find_either,

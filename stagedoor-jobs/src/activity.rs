@@ -81,6 +81,10 @@ pub struct WorkerQueue {
     pub concurrency: usize,
     /// How many of its jobs the worker holds now (claimed and not yet settled).
     pub in_flight: usize,
+    /// The dead letters its mounts fail into (declared, or the backend's default): what an
+    /// operator's replay and purge may act on ([`ensure_dead_letter`](crate::broker::ensure_dead_letter)).
+    #[serde(default)]
+    pub dead_letters: Vec<String>,
 }
 
 impl WorkerQueue {
@@ -91,6 +95,7 @@ impl WorkerQueue {
             subscribers: Vec::new(),
             concurrency,
             in_flight,
+            dead_letters: Vec::new(),
         }
     }
 }

@@ -379,6 +379,34 @@ pub trait DeadLetters: Inspect {
         selector: &DeadSelector,
     ) -> impl Future<Output = Result<u64, BrokerError>> + Send;
 
+    /// Refuses `name` unless it is a dead letter that [`replay`](DeadLetters::replay) and
+    /// [`purge`](DeadLetters::purge) may act on ([`BrokerError::Invalid`], saying what a dead
+    /// letter is here): both call it first, and a tool (a dashboard) asks it before it shows a
+    /// confirmation. The backends apply [`ensure_dead_letter`]; the default accepts every
+    /// name, which a backend of a user's own should override.
+    fn check_dead_letter(
+        &self,
+        name: &str,
+    ) -> impl Future<Output = Result<(), BrokerError>> + Send {
+        let _ = name;
+        async { Ok(()) }
+    }
+
+    /// The oldest dead letter of `dead` (the one that made it non-empty), if any: what the
+    /// monitor names a dead-letter incident by. A backend reads one entry; the default lists
+    /// every dead letter and keeps the last, which a backend of a user's own should override.
+    fn oldest_dead_letter(
+        &self,
+        dead: &str,
+    ) -> impl Future<Output = Result<Option<DeadLetter>, BrokerError>> + Send {
+        async move {
+            Ok(self
+                .dead_letters(dead, &DeadSelector::All, usize::MAX)
+                .await?
+                .pop())
+        }
+    }
+
     /// How many dead letters `dead` holds.
     fn dead_len(&self, dead: &str) -> impl Future<Output = Result<u64, BrokerError>> + Send;
 
@@ -404,6 +432,48 @@ pub trait DeadLetters: Inspect {
     /// The dead letter a failure goes to when the mount declares none (a job of a kind nobody
     /// handles, a payload that cannot be parsed): `<stream>:dead`, `<group>.dead`.
     fn default_dead_letter(&self, queue: &str) -> String;
+}
+
+/// Refuses an operator's replay or purge of `name` unless it is a dead letter, so that no
+/// tool (a dashboard trusting its URL, a script with a typo) moves or deletes the jobs of a
+/// live queue. A dead letter is named as the backend names them (`suffix`: `.dead` for
+/// `emails.dead`, `:dead` on Redis, `_dead` for a dead-letter table), or declared by a mount:
+/// of this process (`declared`, what [`Broker::check`] was told) or of a live worker, as its
+/// report says ([`WorkerQueue::dead_letters`](crate::activity::WorkerQueue::dead_letters)).
+/// The error says what is a dead letter here.
+pub async fn ensure_dead_letter<B: Activity>(
+    b: &B,
+    name: &str,
+    suffix: &str,
+    declared: &[String],
+) -> Result<(), BrokerError> {
+    let named = name.len() > suffix.len() && name.ends_with(suffix);
+    if named || declared.iter().any(|d| d == name) {
+        return Ok(());
+    }
+    let mut known: Vec<String> = declared.to_vec();
+    for w in b.workers().await? {
+        for q in w.queues {
+            for d in q.dead_letters {
+                if d == name {
+                    return Ok(());
+                }
+                if !known.contains(&d) {
+                    known.push(d);
+                }
+            }
+        }
+    }
+    known.sort();
+    let declared = if known.is_empty() {
+        String::new()
+    } else {
+        let shown: Vec<String> = known.iter().take(10).map(|d| format!("`{d}`")).collect();
+        format!(" ({} here)", shown.join(", "))
+    };
+    Err(BrokerError::Invalid(format!(
+        "`{name}` is not a dead letter, so nothing was replayed or purged: a dead letter is named `<queue>{suffix}` (the one of queue `{name}` is `{name}{suffix}`) or declared by a mount's `.dead_letter(..)`{declared}"
+    )))
 }
 
 /// The scheduler's bookkeeping: locks with an owner and a time to live, and each schedule's

@@ -51,6 +51,8 @@ struct Mem {
     workers: HashMap<String, (WorkerReport, DateTime<Utc>)>,
     /// Each queue's per-minute counts.
     minutes: HashMap<String, BTreeMap<DateTime<Utc>, MinuteCounts>>,
+    /// The dead letters mounts declared ([`Broker::check`]).
+    declared_dead: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -333,6 +335,7 @@ impl DeadLetters for MemoryBroker {
         dead: &str,
         selector: &DeadSelector,
     ) -> Result<ReplayReport, BrokerError> {
+        self.check_dead_letter(dead).await?;
         let now = self.now();
         let selected = self.dead_of(dead, selector);
         let mut report = ReplayReport::default();
@@ -375,6 +378,7 @@ impl DeadLetters for MemoryBroker {
     }
 
     async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
+        self.check_dead_letter(dead).await?;
         let selected = self.dead_of(dead, selector);
         let mut mem = self.mem();
         let Some(q) = mem.queues.get_mut(dead) else {
@@ -388,6 +392,11 @@ impl DeadLetters for MemoryBroker {
             }
         }
         Ok(n)
+    }
+
+    async fn check_dead_letter(&self, name: &str) -> Result<(), BrokerError> {
+        let declared = self.mem().declared_dead.clone();
+        crate::broker::ensure_dead_letter(self, name, ".dead", &declared).await
     }
 
     async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
@@ -582,7 +591,13 @@ impl Locks for MemoryBroker {
 impl Broker for MemoryBroker {
     type Receipt = MemoryReceipt;
 
-    async fn check(&self, _mounts: &[MountInfo]) -> Vec<Problem> {
+    async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
+        let mut mem = self.mem();
+        for d in mounts.iter().filter_map(|m| m.dead_letter.clone()) {
+            if !mem.declared_dead.contains(&d) {
+                mem.declared_dead.push(d);
+            }
+        }
         Vec::new()
     }
 

@@ -33,7 +33,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::sync::{Notify, watch};
 
-use crate::broker::DeadSelector;
 use crate::runtime::ErasedRoute;
 
 /// A dead letter that went from empty to not empty: every entry there is a job that needs a
@@ -80,19 +79,14 @@ enum Page {
 /// `dead-alert:<dead>:<oldest id>:<its failed_at>` pages; every other monitor that saw the same
 /// transition finds the lock taken. A failure of the backend fails open: this monitor pages.
 async fn claim_page(route: &dyn ErasedRoute, dead: &str, token: &str) -> Page {
-    let oldest = match route
-        .dead_letters(dead, &DeadSelector::All, usize::MAX)
-        .await
-    {
-        Ok(letters) => match letters.last() {
-            Some(d) => d.clone(),
-            None => {
-                tracing::warn!(dead_letter = %dead, "the dead letter lists no entry to name the incident by (emptied again, or its entries unreadable): paging from this worker");
-                return Page::FailOpen;
-            }
-        },
+    let oldest = match route.oldest_dead_letter(dead).await {
+        Ok(Some(d)) => d,
+        Ok(None) => {
+            tracing::warn!(dead_letter = %dead, "the dead letter lists no entry to name the incident by (emptied again, or its entries unreadable): paging from this worker");
+            return Page::FailOpen;
+        }
         Err(e) => {
-            tracing::warn!(dead_letter = %dead, error = %e, "could not list the dead letter to tell whether another worker pages for it: paging from this worker");
+            tracing::warn!(dead_letter = %dead, error = %e, "could not read the dead letter's oldest entry to tell whether another worker pages for it: paging from this worker");
             return Page::FailOpen;
         }
     };

@@ -230,6 +230,13 @@ impl Reporter {
             let q = &mut worker.queues[at];
             q.subscribers.push(m.subscriber.clone());
             q.concurrency += m.concurrency.max(1);
+            let dead = m
+                .dead_letter
+                .clone()
+                .unwrap_or_else(|| r.route.default_dead_letter(&m.queue));
+            if !q.dead_letters.contains(&dead) {
+                q.dead_letters.push(dead);
+            }
         }
         let ticks = self
             .progress

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{StatusCode, Uri};
-use axum::response::Response;
+use axum::http::{HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
 use chrono::Utc;
 use maud::{Markup, html};
 use stagedoor_jobs::{DeadLetter, DeadSelector, ReplayReport};
 
-use crate::data::{App, Backend};
+use crate::data::{App, Backend, mask_text};
 use crate::params::{Params, query_string};
 use crate::render::{self, Tab};
 use crate::security::ReqCtx;
@@ -212,7 +212,7 @@ async fn letters<B: Backend>(app: &App<B>, ctx: &ReqCtx, dl: &str, p: &Params) -
                                 td { a href={(ctx.url("/dead/letter")) "?" (query_string([("dl", dl), ("id", d.id.as_str())]))} { (d.envelope.id()) } }
                                 td.num { (d.attempts) }
                                 td { (d.origin) }
-                                td.error-text { (render::clip(&d.error, 200)) }
+                                td.error-text { (render::clip(&mask_text(&d.error), 200)) }
                             }
                         }
                     }
@@ -243,9 +243,29 @@ async fn letters<B: Backend>(app: &App<B>, ctx: &ReqCtx, dl: &str, p: &Params) -
     }
 }
 
-/// A payload for reading: pretty JSON, else text, else a hex dump (bounded).
+/// The letter's page shows at most this many bytes of a payload (the rest is downloaded).
+pub(crate) const VIEW_MAX: usize = 64 * 1024;
+
+/// A payload for reading: pretty JSON, else text, else a hex dump, each bounded (a text or
+/// JSON payload over [`VIEW_MAX`] shows its first bytes as text, then how many more).
 fn payload(bytes: &[u8]) -> (&'static str, String) {
     const HEX_MAX: usize = 4_096;
+    if bytes.len() > VIEW_MAX {
+        let head = &bytes[..VIEW_MAX];
+        let text = match std::str::from_utf8(head) {
+            Ok(t) => Some(t),
+            // Cut inside a character: the whole characters before it.
+            Err(e) if e.error_len().is_none() => std::str::from_utf8(&head[..e.valid_up_to()]).ok(),
+            Err(_) => None,
+        };
+        if let Some(t) = text {
+            let more = bytes.len() - t.len();
+            return (
+                "text, the beginning",
+                format!("{t}\n… {more} bytes more (download the payload for every byte)\n"),
+            );
+        }
+    }
     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes)
         && let Ok(pretty) = serde_json::to_string_pretty(&v)
     {
@@ -275,7 +295,7 @@ fn payload(bytes: &[u8]) -> (&'static str, String) {
     }
     if bytes.len() > HEX_MAX {
         out.push_str(&format!(
-            "… {} more bytes (the CLI's `dead show --payload-to FILE` writes them all)\n",
+            "… {} bytes more (download the payload for every byte)\n",
             bytes.len() - HEX_MAX
         ));
     }
@@ -322,6 +342,70 @@ pub(crate) async fn letter<B: Backend>(
     )
 }
 
+/// `GET dead/payload?dl=..&id=..`: the exact bytes of one dead letter's payload, as a file.
+pub(crate) async fn download<B: Backend>(
+    State(app): State<Arc<App<B>>>,
+    Extension(ctx): Extension<ReqCtx>,
+    uri: Uri,
+) -> Response {
+    let p = Params::query(&uri);
+    let (Some(dl), Some(id)) = (p.get("dl"), p.get("id")) else {
+        return super::refusal(
+            &app,
+            &ctx,
+            StatusCode::BAD_REQUEST,
+            "Which payload?",
+            "The link names no dead letter: it needs dl (the dead letter) and id (the job).",
+        );
+    };
+    match app.letters(dl, &DeadSelector::Id(id.to_owned()), 1).await {
+        Ok(list) => match list.into_iter().next() {
+            Some(d) => {
+                let name: String = d
+                    .envelope
+                    .id()
+                    .to_string()
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                            c
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                let disposition = format!("attachment; filename=\"{name}.payload\"");
+                let mut resp = d.envelope.payload().to_vec().into_response();
+                let h = resp.headers_mut();
+                h.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/octet-stream"),
+                );
+                if let Ok(v) = HeaderValue::from_str(&disposition) {
+                    h.insert(header::CONTENT_DISPOSITION, v);
+                }
+                resp
+            }
+            None => super::refusal(
+                &app,
+                &ctx,
+                StatusCode::NOT_FOUND,
+                "No such dead letter",
+                &format!(
+                    "No dead letter `{id}` in `{dl}`: it was replayed or purged, or never was."
+                ),
+            ),
+        },
+        Err(e) => super::refusal(
+            &app,
+            &ctx,
+            StatusCode::BAD_GATEWAY,
+            "Cannot read the payload",
+            &format!("Cannot read `{dl}`: {e}"),
+        ),
+    }
+}
+
 fn one<B: Backend>(app: &App<B>, ctx: &ReqCtx, dl: &str, d: &DeadLetter) -> Markup {
     let e = &d.envelope;
     let h = e.headers();
@@ -344,11 +428,12 @@ fn one<B: Backend>(app: &App<B>, ctx: &ReqCtx, dl: &str, d: &DeadLetter) -> Mark
             }
         }
         h2 { "Error" }
-        pre.error-text data-field="error" { (d.error) }
+        pre.error-text data-field="error" { (mask_text(&d.error)) }
         h2 { "Traceback" }
-        @if d.traceback.is_empty() { p.hint { "None recorded." } } @else { pre data-field="traceback" { (d.traceback) } }
+        @if d.traceback.is_empty() { p.hint { "None recorded." } } @else { pre data-field="traceback" { (mask_text(&d.traceback)) } }
         h2 { "Payload " span.hint { "(" (what) ", " (e.payload().len()) " bytes)" } }
         pre.payload data-field="payload" { (text) }
+        p { a.button href={(ctx.url("/dead/payload")) "?" (query_string([("dl", dl), ("id", d.id.as_str())]))} download { "Download the payload" } " " span.hint { "(its exact bytes)" } }
         @if !app.read_only() {
             div.actions {
                 a.button href=(confirm_link(ctx, dl, "replay", ("id", &d.id))) { "Replay" }
@@ -369,9 +454,11 @@ enum Selection {
 }
 
 impl Selection {
-    fn from(p: &Params) -> Option<Self> {
-        let ids = p.all("id");
-        if !ids.is_empty() {
+    /// The selection a request names (`Ok(None)`: none); `Err(n)` when it names `n` ids, more
+    /// than [`MAX_SELECTED`] (refused before they are compared or looked up).
+    fn from(p: &Params) -> Result<Option<Self>, usize> {
+        let ids = p.all("id", MAX_SELECTED)?;
+        Ok(if !ids.is_empty() {
             Some(Self::Ids(ids))
         } else if let Some(k) = p.get("kind") {
             Some(Self::Kind(k.to_owned()))
@@ -379,7 +466,7 @@ impl Selection {
             Some(Self::All)
         } else {
             None
-        }
+        })
     }
 
     fn describe(&self, dl: &str) -> String {
@@ -439,19 +526,60 @@ fn request<B: Backend>(
     let Some(action) = Action::from(p) else {
         return Err(bad("The request names no action: replay or purge."));
     };
-    let Some(sel) = Selection::from(p) else {
-        return Err(bad(
-            "Nothing was selected: tick the dead letters to act on, or use a kind's or the whole dead letter's button.",
-        ));
+    let sel = match Selection::from(p) {
+        Ok(Some(sel)) => sel,
+        Ok(None) => {
+            return Err(bad(
+                "Nothing was selected: tick the dead letters to act on, or use a kind's or the whole dead letter's button.",
+            ));
+        }
+        Err(n) => {
+            return Err(bad(&format!(
+                "At most {MAX_SELECTED} dead letters can be selected at once ({n} were sent): replay or purge them by kind instead."
+            )));
+        }
     };
-    if let Selection::Ids(ids) = &sel
-        && ids.len() > MAX_SELECTED
-    {
-        return Err(bad(&format!(
-            "At most {MAX_SELECTED} dead letters can be selected at once: replay or purge them by kind instead."
-        )));
-    }
     Ok((dl.to_owned(), action, sel))
+}
+
+/// Refuses a replay or purge of `dl` unless it names a dead letter, not a live queue. The
+/// dashboard's rule ([`Dashboard::dead_letters_named`], when given) must accept it, then the
+/// backend ([`DeadLetters::check_dead_letter`](stagedoor_jobs::DeadLetters::check_dead_letter):
+/// named as its dead letters are, or declared by a mount of a live worker); when the backend
+/// cannot tell, the backend's naming decides. The confirmation and the action alike ask it,
+/// so a URL the page never links (`dl=emails`) gets a refusal, never a count of live jobs;
+/// and the backend checks once more before it moves or deletes anything.
+///
+/// [`Dashboard::dead_letters_named`]: crate::Dashboard::dead_letters_named
+async fn dead_letter_named<B: Backend>(
+    app: &App<B>,
+    ctx: &ReqCtx,
+    dl: &str,
+) -> Result<(), Response> {
+    let refuse = |m: &str| {
+        super::refusal(
+            app,
+            ctx,
+            StatusCode::BAD_REQUEST,
+            "Not a dead letter",
+            &format!("{m} Nothing was replayed or purged."),
+        )
+    };
+    let by_name = || {
+        format!(
+            "`{dl}` is not a dead letter here: replay and purge act on dead letters only (`{}` is the one of queue `{dl}`).",
+            app.broker().default_dead_letter(dl)
+        )
+    };
+    if app.dead_rule_says(dl) == Some(false) {
+        return Err(refuse(&by_name()));
+    }
+    match app.dead_letter_check(dl).await {
+        Some(Ok(())) => Ok(()),
+        Some(Err(m)) => Err(refuse(&m)),
+        None if app.is_dead_letter_name(dl) => Ok(()),
+        None => Err(refuse(&by_name())),
+    }
 }
 
 /// `GET dead/confirm`: says how many jobs the action takes, and asks to go on (a POST).
@@ -468,6 +596,9 @@ pub(crate) async fn confirm<B: Backend>(
         Ok(r) => r,
         Err(resp) => return resp,
     };
+    if let Err(resp) = dead_letter_named(&app, &ctx, &dl).await {
+        return resp;
+    }
     // How many, and a sample to show.
     let counted: Result<(u64, Vec<DeadLetter>), String> = match &sel {
         Selection::Ids(ids) => {
@@ -540,7 +671,7 @@ pub(crate) async fn confirm<B: Backend>(
                     h2 { "Among them" }
                     ul.sample {
                         @for d in sample.iter().take(20) {
-                            li { code { (d.envelope.id()) } " " (d.envelope.kind()) ": " (render::clip(&d.error, 120)) }
+                            li { code { (d.envelope.id()) } " " (d.envelope.kind()) ": " (render::clip(&mask_text(&d.error), 120)) }
                         }
                     }
                 }
@@ -566,7 +697,10 @@ pub(crate) async fn action<B: Backend>(
     if app.read_only() {
         return super::read_only_refused(&app, &ctx);
     }
-    let p = Params::parse(&body);
+    let p = match super::form(&app, &ctx, &body) {
+        Ok(p) => p,
+        Err(resp) => return resp,
+    };
     if !ctx.csrf_ok(p.get("csrf")) {
         return super::csrf_refused(&app, &ctx);
     }
@@ -574,6 +708,9 @@ pub(crate) async fn action<B: Backend>(
         Ok(r) => r,
         Err(resp) => return resp,
     };
+    if let Err(resp) = dead_letter_named(&app, &ctx, &dl).await {
+        return resp;
+    }
     let selectors: Vec<DeadSelector> = match &sel {
         Selection::Ids(ids) => ids.iter().cloned().map(DeadSelector::Id).collect(),
         Selection::Kind(k) => vec![DeadSelector::Kind(k.clone())],
@@ -599,6 +736,7 @@ pub(crate) async fn action<B: Backend>(
             break;
         }
     }
+    app.changed().await;
     tracing::info!(
         dead_letter = %dl,
         action = action.name(),

@@ -11,7 +11,6 @@ use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 
 use crate::data::{App, Backend};
-use crate::params::Params;
 use crate::render::{self, Tab};
 use crate::security::{Auth, ReqCtx, SESSION_COOKIE, SESSION_TTL, token_eq};
 
@@ -90,14 +89,21 @@ pub(crate) async fn submit<B: Backend>(
     let Some(Auth::Token(secret)) = &app.dashboard.auth else {
         return Redirect::to(&ctx.home()).into_response();
     };
-    let form_data = Params::parse(&body);
+    let form_data = match super::form(&app, &ctx, &body) {
+        Ok(f) => f,
+        Err(resp) => return resp,
+    };
     if !ctx.csrf_ok(form_data.get("csrf")) {
         return super::csrf_refused(&app, &ctx);
+    }
+    if let Some(wait) = app.throttle.blocked(ctx.client) {
+        return super::throttled(&app, &ctx, wait);
     }
     if !form_data
         .get("token")
         .is_some_and(|t| token_eq(t.trim(), secret))
     {
+        app.throttle.failed(ctx.client);
         return render::respond(
             StatusCode::UNAUTHORIZED,
             render::page(
@@ -133,7 +139,10 @@ pub(crate) async fn logout<B: Backend>(
     Extension(ctx): Extension<ReqCtx>,
     body: Bytes,
 ) -> Response {
-    let form_data = Params::parse(&body);
+    let form_data = match super::form(&app, &ctx, &body) {
+        Ok(f) => f,
+        Err(resp) => return resp,
+    };
     if !ctx.csrf_ok(form_data.get("csrf")) {
         return super::csrf_refused(&app, &ctx);
     }

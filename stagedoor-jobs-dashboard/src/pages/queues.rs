@@ -7,41 +7,26 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use chrono::Utc;
 use maud::{Markup, html};
 use serde_json::{Value, json};
 
 use crate::chart;
-use crate::data::{App, Backend, QueueRow};
+use crate::data::{App, Backend, Polled, QueueRow};
 use crate::params::query_string;
 use crate::render::{self, Tab};
 use crate::security::ReqCtx;
 
 /// What the page and its JSON show.
 struct Overview {
-    rows: Result<Vec<QueueRow>, String>,
+    polled: Arc<Polled>,
     chart: Markup,
-    chart_error: Option<String>,
 }
 
+/// What every tab shows, read from the backend at most once a second for all of them.
 async fn overview<B: Backend>(app: &App<B>) -> Overview {
-    let now = Utc::now();
-    match app.names().await {
-        Ok(names) => {
-            let rows = app.queue_rows(&names).await;
-            let (minutes, chart_error) = app.throughput(&names.queues, chart::since(now)).await;
-            Overview {
-                rows: Ok(rows),
-                chart: chart::svg(&minutes, now),
-                chart_error,
-            }
-        }
-        Err(e) => Overview {
-            rows: Err(e),
-            chart: chart::svg(&[], now),
-            chart_error: None,
-        },
-    }
+    let polled = app.polled(chart::since).await;
+    let chart = chart::svg(&polled.minutes, polled.now);
+    Overview { polled, chart }
 }
 
 fn cell<T>(r: &Result<T, String>, f: impl Fn(&T) -> String) -> String {
@@ -81,7 +66,7 @@ pub(crate) async fn page<B: Backend>(
     let o = overview(&app).await;
     let body = html! {
         section id="queues" data-live="queues" {
-            @match &o.rows {
+            @match &o.polled.rows {
                 Err(e) => { (render::problem("Cannot list the queues", e)) }
                 Ok(rows) if rows.is_empty() => { (render::notice("No queues yet: the backend holds no jobs.")) }
                 Ok(rows) => {
@@ -114,7 +99,7 @@ pub(crate) async fn page<B: Backend>(
         }
         section.chart-box {
             h2 { "Last hour" }
-            @if let Some(e) = &o.chart_error { (render::problem("Cannot read the per-minute counts", e)) }
+            @if let Some(e) = &o.polled.chart_error { (render::problem("Cannot read the per-minute counts", e)) }
             div id="chart" { (o.chart) }
         }
     };
@@ -127,7 +112,7 @@ pub(crate) async fn page<B: Backend>(
 /// `GET api/queues`: the same counts as JSON (what the page's script polls), and the chart.
 pub(crate) async fn json<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
     let o = overview(&app).await;
-    let (queues, error) = match &o.rows {
+    let (queues, error) = match &o.polled.rows {
         Ok(rows) => (
             rows.iter()
                 .map(|r| {
@@ -161,7 +146,7 @@ pub(crate) async fn json<B: Backend>(State(app): State<Arc<App<B>>>) -> Response
         "queues": queues,
         "error": error,
         "chart": o.chart.into_string(),
-        "chart_error": o.chart_error,
+        "chart_error": o.polled.chart_error,
     }))
     .into_response()
 }

@@ -55,7 +55,7 @@ pub(crate) async fn page<B: Backend>(
     };
     let body = html! {
         h2 { "Schedules" }
-        @match &workers {
+        @match &*workers {
             Err(e) => { (render::problem("Cannot read the workers' reports", e)) }
             Ok(w) => {
                 @let list = schedules(w);

@@ -41,7 +41,7 @@ pub(crate) async fn page<B: Backend>(
     let workers = app.workers().await;
     let body = html! {
         section id="workers" data-live="workers" {
-            @match &workers {
+            @match &*workers {
                 Err(e) => { (render::problem("Cannot read the workers' reports", e)) }
                 Ok(list) => {
                     p.summary { strong data-field="count" { (list.len()) } " live " (if list.len() == 1 { "worker" } else { "workers" }) "." }
@@ -81,7 +81,7 @@ pub(crate) async fn page<B: Backend>(
 /// `GET api/workers`: the live workers as JSON (what the page's script polls).
 pub(crate) async fn json<B: Backend>(State(app): State<Arc<App<B>>>) -> Response {
     let now = Utc::now();
-    match app.workers().await {
+    match &*app.workers().await {
         Ok(list) => Json(json!({
             "workers": list.iter().map(|w| json!({
                 "id": w.id,

@@ -227,6 +227,8 @@ async fn listen(broker: SqlxBroker<sqlx::Postgres>, pool: sqlx::PgPool) {
                                 }
                             },
                             _ = &mut closed => {
+                                // The listener holds `own`'s one connection: `close` waits for it.
+                                drop(l);
                                 own.close().await;
                                 return;
                             }

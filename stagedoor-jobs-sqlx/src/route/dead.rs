@@ -124,65 +124,33 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
         }
     }
 
+    async fn oldest_dead_letter(&self, dead: &str) -> Result<Option<DeadLetter>, BrokerError> {
+        let stmts = self.stmts_for(dead).await?;
+        let v = Vals {
+            group: Some(dead.to_owned()),
+            ..Vals::default()
+        };
+        let rows = self.fetch(&stmts, &stmts.oldest, &v).await?;
+        Ok(rows.first().map(|r| self.dead_letter_of(dead, r)))
+    }
+
     async fn replay(
         &self,
         dead: &str,
         selector: &DeadSelector,
     ) -> Result<ReplayReport, BrokerError> {
-        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+        self.check_dead_letter(dead).await?;
         let mut report = ReplayReport::default();
         let now = self.broker.now();
-        let stmts = Arc::clone(self.stmts()?);
-        for d in letters {
-            if d.origin.is_empty() {
-                tracing::error!(dead_letter = %d.id, "cannot tell which queue it failed on: not replayed");
-                report.failed += 1;
-                continue;
+        if let DeadSelector::Id(_) = selector {
+            for d in self.dead_letters(dead, selector, usize::MAX).await? {
+                self.replay_one(dead, &d, now, &mut report).await?;
             }
-            let env = &d.envelope;
-            let h = env.headers();
-            let doc = HeaderDoc {
-                kind: (env.kind() != d.origin).then(|| env.kind().to_owned()),
-                job_id: Some(env.id().to_string()),
-                request_id: h.request_id.clone(),
-                trace: h.trace.clone(),
-                extra: h.extra.clone(),
-                ..HeaderDoc::default()
-            };
-            let id = IdValue::parse(&stmts.table, &d.id)?;
-            let v = Vals {
-                id: Some(id),
-                group: Some(dead.to_owned()),
-                target: Some(d.origin.clone()),
-                now: Some(now),
-                headers: Some(doc.to_json()),
-                ..Vals::default()
-            };
-            let result = if self.grouped() {
-                self.exec(&stmts.replay_group, &v).await
-            } else {
-                // The table form: copy back into the origin table and delete, in one transaction.
-                let dead_stmts = self.dead_table(dead).await?;
-                async {
-                    let mut tx = self.pool()?.begin().await.map_err(db_err)?;
-                    let copy = dead_stmts.copy_into(self.table().name, false);
-                    let n = run_in::<DB>(&mut tx, &copy, &v, &dead_stmts.table).await?;
-                    if n == 1 {
-                        run_in::<DB>(&mut *tx, &stmts.clear_lease, &v, &stmts.table).await?;
-                        run_in::<DB>(&mut *tx, &dead_stmts.delete_by_id, &v, &dead_stmts.table)
-                            .await?;
-                        tx.commit().await.map_err(db_err)?;
-                    }
-                    Ok::<u64, BrokerError>(n)
-                }
-                .await
-            };
-            match result {
-                Ok(1) => report.replayed += 1,
-                Ok(_) => report.skipped += 1,
-                Err(e) => {
-                    tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
-                    report.failed += 1;
+        } else {
+            let mut walk = Walk::new(self.stmts_for(dead).await?);
+            while let Some(page) = self.walk_page(dead, &mut walk).await? {
+                for d in page.iter().filter(|d| selector.matches(d)) {
+                    self.replay_one(dead, d, now, &mut report).await?;
                 }
             }
         }
@@ -193,19 +161,42 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
     }
 
     async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
-        let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+        self.check_dead_letter(dead).await?;
         let stmts = self.stmts_for(dead).await?;
-        let mut conn = acquire(self.pool()?).await?;
         let mut n = 0;
-        for d in letters {
-            let v = Vals {
-                id: Some(IdValue::parse(&stmts.table, &d.id)?),
-                group: Some(dead.to_owned()),
-                ..Vals::default()
-            };
-            n += run_in::<DB>(&mut conn, &stmts.purge, &v, &stmts.table).await?;
+        if let DeadSelector::Id(_) = selector {
+            let letters = self.dead_letters(dead, selector, usize::MAX).await?;
+            return self.purge_ids(dead, &stmts, letters.iter()).await;
+        }
+        let mut walk = Walk::new(Arc::clone(&stmts));
+        while let Some(page) = self.walk_page(dead, &mut walk).await? {
+            n += self
+                .purge_ids(dead, &stmts, page.iter().filter(|d| selector.matches(d)))
+                .await?;
         }
         Ok(n)
+    }
+
+    // A dead letter is `<queue>.dead` (a dead-letter table `<table>_dead` for a table without
+    // groups), or one a mount declared (see `ensure_dead_letter`); the route's own table is
+    // never one.
+    async fn check_dead_letter(&self, dead: &str) -> Result<(), BrokerError> {
+        if !self.grouped() && (dead == self.table().name || dead == &*self.default_group) {
+            return Err(BrokerError::Invalid(format!(
+                "`{dead}` is the job table itself, not a dead letter, so nothing was replayed or purged: its dead letters are in `{}`",
+                self.default_dead_letter(dead)
+            )));
+        }
+        let declared: Vec<String> = self
+            .inner
+            .origins
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect();
+        let suffix = if self.grouped() { ".dead" } else { "_dead" };
+        stagedoor_jobs::broker::ensure_dead_letter(self, dead, suffix, &declared).await
     }
 
     async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
@@ -224,6 +215,27 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
 
 /// The rows one page of a listing by kind reads at least.
 const LIST_PAGE: usize = 200;
+
+/// The rows one page of a replay's or purge's walk reads.
+const WALK_PAGE: usize = 500;
+
+/// A replay's or purge's walk over a group (or dead-letter table) by id, a page at a time.
+struct Walk {
+    stmts: Arc<Statements>,
+    /// The last id read.
+    after: Option<String>,
+    done: bool,
+}
+
+impl Walk {
+    fn new(stmts: Arc<Statements>) -> Self {
+        Self {
+            stmts,
+            after: None,
+            done: false,
+        }
+    }
+}
 
 /// `text` in a `LIKE` pattern whose escape character is `!`.
 fn like_escaped(text: &str) -> String {
@@ -264,6 +276,128 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             ..Vals::default()
         };
         self.fetch(stmts, stmt, &v).await
+    }
+
+    /// Replays dead letter `d` of `dead` to the queue it failed on, in one atomic step, and
+    /// counts the outcome in `report` (an error is logged and counted as failed).
+    async fn replay_one(
+        &self,
+        dead: &str,
+        d: &DeadLetter,
+        now: chrono::DateTime<chrono::Utc>,
+        report: &mut ReplayReport,
+    ) -> Result<(), BrokerError> {
+        if d.origin.is_empty() {
+            tracing::error!(dead_letter = %d.id, "cannot tell which queue it failed on: not replayed");
+            report.failed += 1;
+            return Ok(());
+        }
+        let stmts = Arc::clone(self.stmts()?);
+        let env = &d.envelope;
+        let h = env.headers();
+        let doc = HeaderDoc {
+            kind: (env.kind() != d.origin).then(|| env.kind().to_owned()),
+            job_id: Some(env.id().to_string()),
+            request_id: h.request_id.clone(),
+            trace: h.trace.clone(),
+            extra: h.extra.clone(),
+            ..HeaderDoc::default()
+        };
+        let v = Vals {
+            id: Some(IdValue::parse(&stmts.table, &d.id)?),
+            group: Some(dead.to_owned()),
+            target: Some(d.origin.clone()),
+            now: Some(now),
+            headers: Some(doc.to_json()),
+            ..Vals::default()
+        };
+        let result = if self.grouped() {
+            self.exec(&stmts.replay_group, &v).await
+        } else {
+            // The table form: copy back into the origin table and delete, in one transaction.
+            let dead_stmts = self.dead_table(dead).await?;
+            async {
+                let mut tx = self.pool()?.begin().await.map_err(db_err)?;
+                let copy = dead_stmts.copy_into(self.table().name, false);
+                let n = run_in::<DB>(&mut tx, &copy, &v, &dead_stmts.table).await?;
+                if n == 1 {
+                    run_in::<DB>(&mut *tx, &stmts.clear_lease, &v, &stmts.table).await?;
+                    run_in::<DB>(&mut *tx, &dead_stmts.delete_by_id, &v, &dead_stmts.table).await?;
+                    tx.commit().await.map_err(db_err)?;
+                }
+                Ok::<u64, BrokerError>(n)
+            }
+            .await
+        };
+        match result {
+            Ok(1) => report.replayed += 1,
+            Ok(_) => report.skipped += 1,
+            Err(e) => {
+                tracing::error!(dead_letter = %d.id, error = %e, "replay failed");
+                report.failed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes `letters` from `dead` by id, on one connection; returns how many went.
+    async fn purge_ids<'a>(
+        &self,
+        dead: &str,
+        stmts: &Statements,
+        letters: impl Iterator<Item = &'a DeadLetter>,
+    ) -> Result<u64, BrokerError> {
+        let mut conn = None;
+        let mut n = 0;
+        for d in letters {
+            let v = Vals {
+                id: Some(IdValue::parse(&stmts.table, &d.id)?),
+                group: Some(dead.to_owned()),
+                now: Some(self.broker.now()),
+                ..Vals::default()
+            };
+            let c = match &mut conn {
+                Some(c) => c,
+                None => conn.insert(acquire(self.pool()?).await?),
+            };
+            n += run_in::<DB>(c, &stmts.purge, &v, &stmts.table).await?;
+        }
+        Ok(n)
+    }
+
+    /// The next page of [`Walk`] over `dead`'s rows by id, read as dead letters; `None` once
+    /// every row was read.
+    async fn walk_page(
+        &self,
+        dead: &str,
+        walk: &mut Walk,
+    ) -> Result<Option<Vec<DeadLetter>>, BrokerError> {
+        if walk.done {
+            return Ok(None);
+        }
+        let stmts = Arc::clone(&walk.stmts);
+        let (stmt, id) = match &walk.after {
+            Some(after) => (
+                &stmts.walk_after,
+                Some(IdValue::parse(&stmts.table, after)?),
+            ),
+            None => (&stmts.walk, None),
+        };
+        let v = Vals {
+            id,
+            group: Some(dead.to_owned()),
+            limit: i64::try_from(WALK_PAGE).unwrap_or(i64::MAX),
+            ..Vals::default()
+        };
+        let rows = self.fetch(&stmts, stmt, &v).await?;
+        walk.done = rows.len() < WALK_PAGE;
+        let Some(last) = rows.last() else {
+            return Ok(None);
+        };
+        walk.after = Some(last.id.clone());
+        Ok(Some(
+            rows.iter().map(|r| self.dead_letter_of(dead, r)).collect(),
+        ))
     }
 
     /// [`Broker::cancelled`](stagedoor_jobs::Broker::cancelled): which of `ids` have a

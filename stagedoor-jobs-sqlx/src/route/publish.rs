@@ -3,6 +3,7 @@
 //! transaction, and `publish_once`'s job stored only with its guard.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -156,17 +157,12 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         } else {
             let mut conn = acquire(self.pool()?).await?;
             let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
-            if keyed_by_row(self.table()) {
-                // Each job's id is the row id the database generates: a statement per
-                // row tells which is which (a multi-row insert returns its ids in no
-                // promised order).
-                for v in &vals {
-                    let rows = fetch_in::<DB>(&mut *tx, &stmts.insert, v, self.table()).await?;
-                    returned.extend(returned_ids::<DB>(&rows)?);
-                }
-            } else {
+            let keyed = keyed_by_row(self.table());
+            let mut matched = false;
+            if !keyed || self.inner.rows_in_order.load(Ordering::Relaxed) {
                 // Multi-row inserts of up to MAX_ROWS rows, all in one transaction.
                 let mut rest = &vals[..];
+                matched = true;
                 for n in chunks(vals.len()) {
                     let (chunk, more) = rest.split_at(n);
                     rest = more;
@@ -174,6 +170,31 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                     let rows = DB::fetch(&mut tx, sql, params_rows(template, chunk, self.table()))
                         .await
                         .map_err(db_err)?;
+                    let ids = returned_ids::<DB>(&rows)?;
+                    if keyed && !in_row_order(&ids, n) {
+                        matched = false;
+                        break;
+                    }
+                    returned.extend(ids);
+                }
+                if keyed && !matched {
+                    // The ids the database generated do not tell which row is which job:
+                    // undo, and from now on insert this table's rows one statement each.
+                    tracing::warn!(
+                        table = %self.table().name,
+                        "the ids a multi-row insert generated are not increasing in row order (a sequence with a negative increment, or a default that is not a sequence): publishing this table's batches one row per statement, which is slower"
+                    );
+                    self.inner.rows_in_order.store(false, Ordering::Relaxed);
+                    tx.rollback().await.map_err(db_err)?;
+                    tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
+                    returned.clear();
+                }
+            }
+            if keyed && !matched {
+                // Each job's id is the row id the database generates: a statement per row
+                // tells which is which.
+                for v in &vals {
+                    let rows = fetch_in::<DB>(&mut *tx, &stmts.insert, v, self.table()).await?;
                     returned.extend(returned_ids::<DB>(&rows)?);
                 }
             }
@@ -238,4 +259,27 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         out.pop()
             .ok_or_else(|| BrokerError::Backend("a publish of one job reported nothing".to_owned()))
     }
+}
+
+/// Whether the ids one multi-row insert of `n` rows returned tell which row is which job: `n`
+/// integers, strictly increasing in the order returned. A sequence (or an identity, or
+/// SQLite's rowid) gives the rows of one statement increasing ids in row order, and both
+/// databases return them in that order; anything else (a sequence counting down, a default
+/// that is no sequence, rows returned in another order) fails the check, and the batch is
+/// inserted again one row per statement.
+fn in_row_order(ids: &[String], n: usize) -> bool {
+    if ids.len() != n {
+        return false;
+    }
+    let mut last: Option<i64> = None;
+    for id in ids {
+        let Ok(v) = id.parse::<i64>() else {
+            return false;
+        };
+        if last.is_some_and(|l| v <= l) {
+            return false;
+        }
+        last = Some(v);
+    }
+    true
 }

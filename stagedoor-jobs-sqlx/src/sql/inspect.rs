@@ -8,6 +8,9 @@ use super::{Names, P, Stmt, col};
 pub(super) struct Inspects {
     pub(super) stats: Stmt,
     pub(super) list: Stmt,
+    pub(super) oldest: Stmt,
+    pub(super) walk: Stmt,
+    pub(super) walk_after: Stmt,
     pub(super) find_id: Stmt,
     pub(super) find_job: Stmt,
     pub(super) find_either: Stmt,
@@ -55,6 +58,41 @@ pub(super) fn build(n: &Names) -> Inspects {
             n.reads(n.attempt_read())
         );
     }
+
+    // A group's oldest row (the one listed last): one row read.
+    let oldest_order = due
+        .as_ref()
+        .map_or(format!("{id} ASC"), |d| format!("{d} ASC, {id} ASC"));
+    let mut oldest = Stmt::default();
+    {
+        let gc = n.group_cond(&mut oldest);
+        oldest.sql = format!(
+            "SELECT {} FROM {t} WHERE {gc} ORDER BY {oldest_order} LIMIT 1",
+            n.reads(n.attempt_read())
+        );
+    }
+
+    // A walk over a group by id, a page of `Limit` rows at a time, each page starting after the
+    // last id of the one before (`walk_after`): a replay or purge of many rows holds one page,
+    // and rows moved away or added meanwhile neither shift nor repeat a page.
+    let walk_stmt = |after: bool| {
+        let mut s = Stmt::default();
+        let gc = n.group_cond(&mut s);
+        let cond = if after {
+            let p = s.p(P::Id);
+            format!(" AND {id} > {p}")
+        } else {
+            String::new()
+        };
+        let limit = s.p(P::Limit);
+        s.sql = format!(
+            "SELECT {} FROM {t} WHERE {gc}{cond} ORDER BY {id} LIMIT {limit}",
+            n.reads(n.attempt_read())
+        );
+        s
+    };
+    let walk = walk_stmt(false);
+    let walk_after = walk_stmt(true);
 
     // The rows of a group that one id may name (see `DeadSelector::Id`): the row of that id
     // (`find_id`), the rows whose headers may hold it as their job's id (`find_job`: `JobId`
@@ -116,8 +154,10 @@ pub(super) fn build(n: &Names) -> Inspects {
         }
         let idc = n.id_cond(s);
         let dg = s.p(P::Group);
+        // A row a subscriber of the dead-letter group is running is left to it.
+        let now = s.p(P::Now);
         s.sql = format!(
-            "UPDATE {t} SET {} WHERE {idc} AND {g} = {dg}",
+            "UPDATE {t} SET {} WHERE {idc} AND {g} = {dg} AND ({locked} IS NULL OR {locked} <= {now})",
             sets.join(", ")
         );
     }
@@ -126,7 +166,11 @@ pub(super) fn build(n: &Names) -> Inspects {
     {
         let idc = n.id_cond(&mut purge);
         let gc = n.group_cond(&mut purge);
-        purge.sql = format!("DELETE FROM {t} WHERE {idc} AND {gc}");
+        // A row a subscriber of the dead-letter group is running is left to it.
+        let now = purge.p(P::Now);
+        purge.sql = format!(
+            "DELETE FROM {t} WHERE {idc} AND {gc} AND ({locked} IS NULL OR {locked} <= {now})"
+        );
     }
 
     let mut cancel = Stmt::default();
@@ -149,6 +193,9 @@ pub(super) fn build(n: &Names) -> Inspects {
     Inspects {
         stats,
         list,
+        oldest,
+        walk,
+        walk_after,
         find_id,
         find_job,
         find_either,

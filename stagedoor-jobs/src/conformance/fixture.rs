@@ -34,6 +34,19 @@ impl Junk {
     pub const WRONG_TYPE_LEVEL: crate::Priority = crate::Priority::HIGHEST;
 }
 
+/// What a [`Fixture::server_down`] did, so that the model knows what to expect before
+/// [`Fixture::server_up`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outage {
+    /// The server is gone until `server_up` (a Redis server shut down): every call in between
+    /// must fail with an error, neither hang nor panic, and store nothing.
+    Down,
+    /// Every connection the broker held was cut, and the server accepts new ones at once
+    /// (Postgres backends terminated): there is no time in between to call in.
+    Cut,
+}
+
 /// What a backend provides to run the suite.
 pub trait Fixture: Send + Sync + 'static {
     /// The broker under test.
@@ -117,5 +130,24 @@ pub trait Fixture: Send + Sync + 'static {
     fn release(&self, broker: &Self::Broker) -> impl Future<Output = ()> + Send {
         let _ = broker;
         async {}
+    }
+
+    /// The first half of the model test's server restart: the server `broker` talks to goes
+    /// away (or every connection it holds is cut), its data kept. The model goes on with the
+    /// same broker value afterwards, as a long-running service keeps its broker. `None`: the
+    /// backend has no server to restart (the default; the model skips the step).
+    fn server_down(
+        &self,
+        broker: &Self::Broker,
+    ) -> impl Future<Output = Option<Result<Outage, String>>> + Send {
+        let _ = broker;
+        async { None }
+    }
+
+    /// The second half: the server answers again, with the data it had (for
+    /// [`Outage::Cut`], nothing to do: the default).
+    fn server_up(&self, broker: &Self::Broker) -> impl Future<Output = Result<(), String>> + Send {
+        let _ = broker;
+        async { Ok(()) }
     }
 }

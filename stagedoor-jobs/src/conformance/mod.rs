@@ -142,6 +142,7 @@ pub use replay::{
     dead_letter_purge_removes_the_selected, dead_letter_replay_by_id_resets_the_attempts,
     dead_letter_replay_by_kind_moves_only_that_kind,
     dead_letters_are_listed_newest_first_and_by_kind,
+    replay_and_purge_refuse_a_name_that_is_no_dead_letter,
     replay_skips_a_letter_whose_job_is_back_in_its_queue,
 };
 
@@ -150,7 +151,7 @@ pub use unique::{
     unique_publishes_at_once_store_one_job,
 };
 
-pub use fixture::{Fixture, Junk};
+pub use fixture::{Fixture, Junk, Outage};
 pub use model::{ModelRun, run_model};
 
 /// Runs the whole conformance suite against a [`Fixture`]: one
@@ -209,6 +210,7 @@ macro_rules! conformance_tests {
             dead_letter_replay_by_id_resets_the_attempts
             dead_letter_replay_by_kind_moves_only_that_kind
             dead_letter_purge_removes_the_selected
+            replay_and_purge_refuse_a_name_that_is_no_dead_letter
             request_id_and_trace_reach_the_handler_and_the_dead_letter
             stats_never_count_a_due_job_as_delayed
             abandoned_job_comes_back_when_advancing_past_its_lease

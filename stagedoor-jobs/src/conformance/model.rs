@@ -2,13 +2,19 @@
 //! (publishes now, delayed, unique, at each priority, in the caller's transaction, with
 //! thousands of headers; claims; settlements with every outcome; renewals; crashes of a
 //! worker holding a delivery; cancels; replays; time passing; hand edits of the backend's
-//! keys and rows), run against a fresh broker next to a reference model of which job is where.
+//! keys and rows; a server restart, where the fixture has a server), run against a fresh broker
+//! next to a reference model of which job is where.
 //!
 //! After each step the run checks what the step answered against the model: no job delivered
 //! while another delivery of it holds a live lease, none delivered before it is due or after it
 //! finished, attempts counted once per claim, duplicates and unique keys refused exactly while
 //! the model holds them, a failed publish leaving nothing behind (its retry stores it), cancels
-//! and replays answering what the model has. At the end it settles what it holds and claims
+//! and replays answering what the model has. A server restart ([`Fixture::server_down`],
+//! then [`Fixture::server_up`], the same broker kept) must lose nothing and deliver nothing
+//! twice: calls made while the server is down fail with an error within a bound (neither hang
+//! nor panic, and a publish then stores nothing: its retry after the return stores the job),
+//! the broker answers again within seconds of the server's return, the stats match the model,
+//! and deliveries held across it settle or are fenced as any other. At the end it settles what it holds and claims
 //! until the model holds nothing: every job not finished must come out within its due time or
 //! lease plus a margin, whatever junk was stored beside it (each bad item costs only itself,
 //! and the broker keeps answering after an error). The queue's stats and its dead letter must
@@ -23,8 +29,9 @@
 //! - `STAGEDOOR_MODEL_SOAK=<seconds>`: run random seeds for that long, report each failing
 //!   seed, and fail at the end if any did (`scripts/soak`);
 //! - `STAGEDOOR_MODEL_SKIP=<kind>,...`: leave out steps of these kinds (`publish-huge`,
-//!   `publish-in`, `junk`, ...) and hand edits of these [`Junk`] kinds (`DelayedMember`,
-//!   ...), to look past a known defect.
+//!   `publish-in`, `junk`, `restart`, ...) and hand edits of these [`Junk`] kinds (`DelayedMember`,
+//!   ...), to look past a known defect; `stats-after-restart` leaves out the comparisons of
+//!   the queue's stats with the model once a restart happened in the sequence.
 //!
 //! Without either, a run takes the fixed seeds given plus one random seed, printed.
 
@@ -51,8 +58,9 @@ pub struct ModelRun {
     pub steps: usize,
     /// The lease of the broker under test: short, so that crashes come back quickly.
     pub lease: Duration,
-    /// Step kinds (`publish-huge`, `publish-in`, ...) and hand edits (`DelayedMember`, ...)
-    /// that find a known defect not fixed yet: left out of the fixed and random seeds (CI), not
+    /// Step kinds (`publish-huge`, `publish-in`, ...), hand edits (`DelayedMember`, ...) and
+    /// `stats-after-restart` (no comparison of the queue's stats with the model once a restart
+    /// happened in the sequence) that find a known defect not fixed yet: left out of the fixed and random seeds (CI), not
     /// of `STAGEDOOR_MODEL_SEED` or `STAGEDOOR_MODEL_SOAK`. Empty once the defects are fixed.
     pub known_defects: &'static [&'static str],
 }
@@ -168,6 +176,8 @@ pub async fn run_model<F: Fixture>(fixture: F, run: ModelRun) {
         sequences += 1;
         total.steps += r.steps;
         total.skipped += r.skipped;
+        total.restarts += r.restarts;
+        total.slowest_recovery = total.slowest_recovery.max(r.slowest_recovery);
     };
     if let Some(seed) = seed_from_env() {
         eprintln!("model[{}]: seed {seed} (STAGEDOOR_MODEL_SEED)", run.backend);
@@ -204,10 +214,12 @@ pub async fn run_model<F: Fixture>(fixture: F, run: ModelRun) {
         }
     }
     eprintln!(
-        "model[{}]: {sequences} sequences passed, {} steps run ({} skipped: nothing to act on), {} failing, in {:.1?}",
+        "model[{}]: {sequences} sequences passed, {} steps run ({} skipped: nothing to act on), {} server restarts (slowest recovery {:.1?}), {} failing, in {:.1?}",
         run.backend,
         total.steps,
         total.skipped,
+        total.restarts,
+        total.slowest_recovery,
         failures.len(),
         started.elapsed()
     );

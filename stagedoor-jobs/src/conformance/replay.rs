@@ -11,7 +11,7 @@ use super::support::{
     Probe, assert_empty, connected, fails_until_healed, job, numbers, service, start,
 };
 use crate::broker::DeadLetters;
-use crate::broker::{DeadSelector, ReplayReport};
+use crate::broker::{Broker, DeadSelector, Inspect, Publish, QueueStats, ReplayReport};
 use crate::testing::{Outcome, TestApp};
 use crate::{JobId, Subscriber};
 
@@ -124,6 +124,16 @@ pub async fn dead_letters_are_listed_newest_first_and_by_kind<F: Fixture>(fixtur
         "by dead-letter id"
     );
     assert_eq!(l.direct.dead_len(&l.dl).await.expect("dead_len"), 5);
+    let oldest = l
+        .direct
+        .oldest_dead_letter(&l.dl)
+        .await
+        .expect("oldest_dead_letter");
+    assert_eq!(
+        numbers(oldest.as_slice()),
+        [1],
+        "the oldest dead letter is the one listed last"
+    );
     l.app.stop().await;
 }
 
@@ -241,6 +251,85 @@ pub async fn dead_letter_purge_removes_the_selected<F: Fixture>(fixture: F) {
     assert_eq!(l.direct.dead_len(&l.dl).await.expect("dead_len"), 0);
     assert_eq!(l.probe.runs(), 5, "purged jobs do not run");
     assert_empty(&l.app, l.queue, "purging does not touch the queue").await;
+    l.app.stop().await;
+}
+
+/// A replay or purge of a name that is not a dead letter (a live queue's, as a dashboard URL or
+/// a script may hand it) is refused with an error naming the queue's dead letter, and touches
+/// none of its jobs: waiting, delayed or running (whose delivery then settles as usual). The
+/// service's dead letter is purged as before.
+pub async fn replay_and_purge_refuse_a_name_that_is_no_dead_letter<F: Fixture>(fixture: F) {
+    const LIVE: &str = "cf_dead_live";
+    let l = letters(&fixture, "cf_dead_refuse").await;
+    let direct = &l.direct;
+    direct.prepare(LIVE).await.expect("prepare");
+    let waiting = direct.publish_job(job(LIVE, 1)).await.expect("publish");
+    direct
+        .publish_job(job(LIVE, 2).after(Duration::from_secs(3600)))
+        .await
+        .expect("publish delayed");
+    let mut claimed = direct
+        .claim(LIVE, 1, Duration::from_secs(2))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1, "the first job is claimed");
+    let running = claimed.remove(0);
+    let before = direct.stats(LIVE).await.expect("stats");
+    assert_eq!((before.pending, before.delayed), (1, 1), "{before:?}");
+    let expected_dead = direct.default_dead_letter(LIVE);
+    let selectors = [
+        DeadSelector::All,
+        DeadSelector::Kind(LIVE.to_owned()),
+        DeadSelector::Id(waiting.id().to_string()),
+        DeadSelector::Id(running.envelope.id().to_string()),
+    ];
+    for sel in &selectors {
+        for (what, result) in [
+            (
+                "purge",
+                direct.purge(LIVE, sel).await.map(|n| n.to_string()),
+            ),
+            (
+                "replay",
+                direct.replay(LIVE, sel).await.map(|r| format!("{r:?}")),
+            ),
+        ] {
+            match result {
+                Err(crate::BrokerError::Invalid(msg)) => assert!(
+                    msg.contains(&format!("`{LIVE}`")) && msg.contains(&expected_dead),
+                    "the refusal of a {what} names the queue and its dead letter `{expected_dead}`: {msg}"
+                ),
+                other => {
+                    panic!("a {what} of live queue `{LIVE}` ({sel:?}) is refused, got {other:?}")
+                }
+            }
+        }
+    }
+    let after = direct.stats(LIVE).await.expect("stats");
+    assert_eq!(
+        after,
+        QueueStats {
+            oldest: after.oldest,
+            ..before
+        },
+        "nothing of `{LIVE}` moved"
+    );
+    let settled = direct
+        .settle(LIVE, &running, crate::broker::Settlement::Ack)
+        .await
+        .expect("settle");
+    assert_eq!(
+        settled,
+        crate::broker::Settled::Done,
+        "the running job settles as usual"
+    );
+    assert_eq!(
+        direct
+            .purge(&l.dl, &DeadSelector::All)
+            .await
+            .expect("purge the dead letter"),
+        5
+    );
     l.app.stop().await;
 }
 

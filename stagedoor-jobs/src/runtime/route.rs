@@ -73,6 +73,10 @@ pub(crate) trait ErasedRoute: Send + Sync + 'static {
         sel: &'a DeadSelector,
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>>;
+    fn oldest_dead_letter<'a>(
+        &'a self,
+        dead: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, BrokerError>>;
     fn replay<'a>(
         &'a self,
         dead: &'a str,
@@ -375,6 +379,12 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<DeadLetter>, BrokerError>> {
         Box::pin(self.broker.dead_letters(dead, sel, limit))
+    }
+    fn oldest_dead_letter<'a>(
+        &'a self,
+        dead: &'a str,
+    ) -> BoxFuture<'a, Result<Option<DeadLetter>, BrokerError>> {
+        Box::pin(self.broker.oldest_dead_letter(dead))
     }
     fn replay<'a>(
         &'a self,

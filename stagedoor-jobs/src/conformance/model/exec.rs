@@ -11,13 +11,18 @@ use super::ops::{How, Op};
 use crate::broker::{Broker, Cancelled, DeadSelector, Delivery, Published, Settled};
 use crate::broker::{DeadLetters, Inspect, Publish};
 use crate::clock::Clock;
-use crate::conformance::fixture::{Fixture, Junk};
+use crate::conformance::fixture::{Fixture, Junk, Outage};
 use crate::envelope::{Job, JobId, Priority};
 
 /// The queue every sequence runs on (each on a fresh broker of the fixture).
 pub(super) const QUEUE: &str = "model";
 /// How long one broker call may take before the run fails as hung.
 const CALL_LIMIT: Duration = Duration::from_secs(15);
+/// How long a call made while the server is down may take to fail.
+const OUTAGE_LIMIT: Duration = Duration::from_secs(10);
+/// How long the broker may take to answer again once the server is back (a worker retries
+/// its calls meanwhile; so does the model).
+const RECOVERY_LIMIT: Duration = Duration::from_secs(5);
 
 /// A failed run: which invariant (`kind`, what the shrinker keeps), at which step, and what
 /// was seen.
@@ -33,6 +38,10 @@ pub(super) struct Failed {
 pub(super) struct Ran {
     pub(super) steps: usize,
     pub(super) skipped: usize,
+    /// Server restarts made (not skipped).
+    pub(super) restarts: usize,
+    /// The longest a broker took to answer again after a restart.
+    pub(super) slowest_recovery: Duration,
 }
 
 fn fail(kind: &'static str, message: impl Into<String>) -> Failed {
@@ -125,6 +134,8 @@ pub(super) struct Exec<'f, F: Fixture> {
     at_blocked_level: std::collections::HashSet<String>,
     claim_errors: usize,
     last_claim_error: Option<String>,
+    /// When the server last answered again after a restart.
+    restarted: Option<Duration>,
     ran: Ran,
     /// Step kinds (`Op::name`) and junk kinds (`Junk` by name) left out
     /// (`STAGEDOOR_MODEL_SKIP`).
@@ -182,6 +193,7 @@ impl<'f, F: Fixture> Exec<'f, F> {
             at_blocked_level: std::collections::HashSet::new(),
             claim_errors: 0,
             last_claim_error: None,
+            restarted: None,
             ran: Ran::default(),
             skip,
         })
@@ -295,6 +307,7 @@ impl<'f, F: Fixture> Exec<'f, F> {
             }
             Op::Stats => self.stats().await,
             Op::Junk { pick, id } => self.junk(*pick, id).await,
+            Op::Restart { id, down } => self.restart(id, *down).await,
         }
     }
 
@@ -937,7 +950,9 @@ impl<'f, F: Fixture> Exec<'f, F> {
     }
 
     async fn stats(&mut self) -> Result<(), Failed> {
-        if self.junk_stored > 0 {
+        let after_restart =
+            self.restarted.is_some() && self.skip.iter().any(|s| s == "stats-after-restart");
+        if self.junk_stored > 0 || after_restart {
             self.ran.skipped += 1;
             return Ok(());
         }
@@ -1024,6 +1039,108 @@ impl<'f, F: Fixture> Exec<'f, F> {
         }
     }
 
+    /// The server goes away for `down` (or its connections are cut) and comes back: calls made
+    /// meanwhile fail (bounded by [`OUTAGE_LIMIT`]), the same broker answers again within
+    /// [`RECOVERY_LIMIT`], the queue holds what the model has, and the publish that failed
+    /// meanwhile stores its job when retried. Held deliveries stay held (their settlement is
+    /// checked as any other's: it takes effect, or is fenced once the lease may have lapsed),
+    /// and no job is delivered again while a lease of it is live (checked at each claim).
+    async fn restart(&mut self, id: &str, down: Duration) -> Result<(), Failed> {
+        let Some(gone) = call("server_down", self.fixture.server_down(&self.broker)).await? else {
+            self.ran.skipped += 1;
+            return Ok(());
+        };
+        let outage = gone.map_err(|e| {
+            fail(
+                "fixture",
+                format!("the fixture could not take the server down: {e}"),
+            )
+        })?;
+        let meanwhile = match outage {
+            Outage::Down => self.while_down(id).await,
+            _ => Ok(false),
+        };
+        self.pass(down).await;
+        // The server comes back even when a call failed a check meanwhile, so that the
+        // shrinker's next run finds it.
+        call("server_up", self.fixture.server_up(&self.broker))
+            .await?
+            .map_err(|e| {
+                fail(
+                    "fixture",
+                    format!("the fixture could not bring the server back: {e}"),
+                )
+            })?;
+        let published_meanwhile = meanwhile?;
+        let back = self.now();
+        self.restarted = Some(back);
+        self.ran.restarts += 1;
+        loop {
+            let last = match call("stats", self.broker.stats(QUEUE)).await? {
+                Ok(_) => break,
+                Err(e) => e.to_string(),
+            };
+            if self.now() > back + RECOVERY_LIMIT {
+                return Err(fail(
+                    "not recovered",
+                    format!(
+                        "the broker did not answer within {RECOVERY_LIMIT:?} of the server's return ({outage:?}); last error: {last}"
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.ran.slowest_recovery = self.ran.slowest_recovery.max(self.now() - back);
+        if published_meanwhile {
+            self.publish_again(id, Priority::NORMAL, "the server was down")
+                .await?;
+        }
+        self.stats().await
+    }
+
+    /// Calls made while the server is down: a claim and a publish of `id` must each fail
+    /// within [`OUTAGE_LIMIT`]. Returns whether the publish was made (it stored nothing).
+    async fn while_down(&mut self, id: &str) -> Result<bool, Failed> {
+        let hung = |what: &str| {
+            fail(
+                "hung while down",
+                format!(
+                    "{what} made while the server was down did not return within {OUTAGE_LIMIT:?}"
+                ),
+            )
+        };
+        let claimed =
+            tokio::time::timeout(OUTAGE_LIMIT, self.broker.claim(QUEUE, 1, Duration::ZERO))
+                .await
+                .map_err(|_| hung("a claim"))?;
+        if let Ok(d) = claimed {
+            return Err(fail(
+                "answered while down",
+                format!(
+                    "a claim made while the server was down answered {} deliveries instead of an error",
+                    d.len()
+                ),
+            ));
+        }
+        if self.skip.iter().any(|s| s == "publish") {
+            return Ok(false);
+        }
+        let published = tokio::time::timeout(
+            OUTAGE_LIMIT,
+            self.broker
+                .publish_job(Self::job(id, Duration::ZERO, Priority::NORMAL)),
+        )
+        .await
+        .map_err(|_| hung("a publish"))?;
+        if let Ok(p) = published {
+            return Err(fail(
+                "answered while down",
+                format!("a publish of {id} made while the server was down answered {p:?}"),
+            ));
+        }
+        Ok(true)
+    }
+
     fn alive_list(&self) -> String {
         let alive: Vec<String> = self
             .jobs
@@ -1038,7 +1155,15 @@ impl<'f, F: Fixture> Exec<'f, F> {
     fn claimable_by(&self, j: usize) -> Duration {
         match self.jobs[j].st {
             St::Delayed { hi, .. } => hi + self.slack,
-            St::Orphan { hi, .. } => hi + self.lease + self.slack,
+            St::Orphan { hi, .. } => {
+                // After a restart a backend may hold back reclaims for a lease (Redis: until
+                // the new server process has served the queue for one, so that live holders
+                // renew first; and a lease after the broker's last connection error).
+                let after = self
+                    .restarted
+                    .map_or(Duration::ZERO, |b| b + 2 * self.lease);
+                (hi + self.lease).max(after) + self.slack
+            }
             _ => Duration::ZERO,
         }
     }

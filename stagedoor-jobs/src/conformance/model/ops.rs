@@ -86,6 +86,12 @@ pub(super) enum Op {
     Stats,
     /// A hand edit: the fixture's `pick`-th kind of junk.
     Junk { pick: usize, id: String },
+    /// The server goes away for `down` and comes back ([`Fixture::server_down`], then
+    /// `server_up`); while it is down, a claim and a publish of job `id` must fail (and store
+    /// nothing).
+    ///
+    /// [`Fixture::server_down`]: crate::conformance::Fixture::server_down
+    Restart { id: String, down: Duration },
 }
 
 impl Op {
@@ -107,6 +113,7 @@ impl Op {
             Op::Sleep(_) => "sleep",
             Op::Stats => "stats",
             Op::Junk { .. } => "junk",
+            Op::Restart { .. } => "restart",
         }
     }
 }
@@ -151,6 +158,11 @@ impl fmt::Display for Op {
             Op::Sleep(d) => write!(f, "time passes {}", ms(*d)),
             Op::Stats => write!(f, "stats"),
             Op::Junk { pick, id } => write!(f, "hand edit: junk kind #{pick} ({id})"),
+            Op::Restart { id, down } => write!(
+                f,
+                "server restart, down for {} (publish {id} while down)",
+                ms(*down)
+            ),
         }
     }
 }
@@ -221,7 +233,15 @@ pub(super) fn generate(seed: u64, len: usize) -> Vec<Op> {
                 pick: rng.usize(0..64),
             },
             90..=94 => Op::Sleep(Duration::from_millis(100 * rng.u64(1..=8))),
-            95..=96 => Op::Stats,
+            // A restart takes the place of a stats step (no draw of its own), so that the
+            // other steps of every seed stay as they were before it was added.
+            95 => Op::Stats,
+            // Down for no time, or longer than the model's leases (1 s): every lease held
+            // lapses, and delayed jobs come due, while the server is away.
+            96 => Op::Restart {
+                id: format!("down{step}"),
+                down: Duration::from_millis([0, 1500][rng.usize(0..2)]),
+            },
             _ => Op::Junk {
                 pick: rng.usize(0..64),
                 id: format!("junk-{step}"),
