@@ -57,6 +57,13 @@ enum Cmd {
         /// Seconds the pinned-xmin scenario holds xmin and produces (default 60).
         #[arg(long)]
         xmin_hold: Option<u64>,
+        /// Seconds the pinned-xmin scenario runs at its rate before the pin (default 60).
+        #[arg(long)]
+        xmin_history: Option<u64>,
+        /// Busy loops at `nice 10` beside the pinned-xmin scenario (default 0; the issue's
+        /// CPU neighbour is 2).
+        #[arg(long)]
+        cpu_neighbours: Option<usize>,
     },
     /// A worker process of a measurement (spawned by `run`).
     #[command(hide = true)]
@@ -174,6 +181,8 @@ async fn main() -> anyhow::Result<()> {
             out,
             xmin_rate,
             xmin_hold,
+            xmin_history,
+            cpu_neighbours,
         } => {
             let mut sizes = if full {
                 scenarios::Sizes::full()
@@ -185,6 +194,12 @@ async fn main() -> anyhow::Result<()> {
             }
             if let Some(h) = xmin_hold {
                 sizes.xmin_hold = Duration::from_secs(h.max(1));
+            }
+            if let Some(h) = xmin_history {
+                sizes.xmin_history = Duration::from_secs(h);
+            }
+            if let Some(n) = cpu_neighbours {
+                sizes.xmin_neighbours = n;
             }
             run(RunArgs {
                 mode: if full { "full" } else { "quick" },

@@ -40,6 +40,12 @@ pub struct Sizes {
     pub xmin_hold: Duration,
     /// Handlers of the pinned-xmin scenario's worker process.
     pub xmin_handlers: usize,
+    /// How long the pinned-xmin scenario runs at its offered rate before it pins xmin, so that
+    /// the table is in the state production is in (rows come and go, autovacuum has run).
+    pub xmin_history: Duration,
+    /// Busy loops at `nice 10` beside the pinned-xmin scenario (a CPU neighbour, as database
+    /// hosts have); 0 for none.
+    pub xmin_neighbours: usize,
     /// The most any one measurement may take (a system that has not finished by then is
     /// reported with what it did, marked capped).
     pub cap: Duration,
@@ -62,6 +68,8 @@ impl Sizes {
             xmin_rate: 800,
             xmin_hold: Duration::from_secs(60),
             xmin_handlers: 32,
+            xmin_history: Duration::from_secs(60),
+            xmin_neighbours: 0,
             cap: Duration::from_secs(6),
         }
     }
@@ -82,6 +90,8 @@ impl Sizes {
             xmin_rate: 800,
             xmin_hold: Duration::from_secs(60),
             xmin_handlers: 32,
+            xmin_history: Duration::from_secs(60),
+            xmin_neighbours: 0,
             cap: Duration::from_secs(60),
         }
     }
@@ -220,15 +230,22 @@ impl Scenario {
                 s.memory
             ),
             Scenario::PinnedXmin => format!(
-                "a session idle in transaction (REPEATABLE READ, `txid_current()`) pins xmin on \
-                 the system's database for {} s while producers offer {} jobs/s to 1 worker \
-                 process with {} handlers: completions/s and % of what was offered over the \
-                 window, backlog (published − completed) at its end and its max, publish to \
-                 handler start of the jobs started in the window. Postgres only (the pin is a \
-                 Postgres snapshot; Redis and SQLite are not run)",
+                "after {} s at the offered rate (the table's history), a session idle in \
+                 transaction (REPEATABLE READ, `txid_current()`) pins xmin on the system's \
+                 database for {} s while producers offer {} jobs/s to 1 worker process with {} \
+                 handlers{}: completions/s and % of what was offered over the window, backlog \
+                 (published − completed) at its end and its max, publish to handler start of \
+                 the jobs started in the window. Postgres only (the pin is a Postgres snapshot; \
+                 Redis and SQLite are not run)",
+                s.xmin_history.as_secs_f64(),
                 s.xmin_hold.as_secs_f64(),
                 s.xmin_rate,
-                s.xmin_handlers
+                s.xmin_handlers,
+                if s.xmin_neighbours > 0 {
+                    format!(", {} busy loops at `nice 10` beside it", s.xmin_neighbours)
+                } else {
+                    String::new()
+                }
             ),
         }
     }
@@ -846,6 +863,87 @@ const XMIN_PRODUCERS: usize = 4;
 /// How long the pinned-xmin scenario waits, after the rollback, for the backlog to drain.
 const XMIN_DRAIN: Duration = Duration::from_secs(5);
 
+/// Offers `rate` jobs/s for `dur` through `producers` (paced like the steady scenario: every
+/// 10 ms what is due, in one bulk call of at most `batch` where the system has one, else one
+/// call per job spread over the producers), counting into `published` and numbering from
+/// `next`.
+async fn offer(
+    producers: &mut [crate::systems::Producer],
+    has_bulk: bool,
+    rate: u64,
+    dur: Duration,
+    batch: usize,
+    (published, next): (&std::sync::atomic::AtomicU64, &std::sync::atomic::AtomicU64),
+) -> anyhow::Result<()> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let per = rate as f64 / producers.len().max(1) as f64;
+    let start = tokio::time::Instant::now();
+    let end = start + dur;
+    futures::future::try_join_all(producers.iter_mut().map(|p| async move {
+        let mut sent = 0u64;
+        let mut tick = 0u32;
+        loop {
+            tick += 1;
+            let at = start + Duration::from_millis(10) * tick;
+            if at > end {
+                return anyhow::Ok(());
+            }
+            tokio::time::sleep_until(at).await;
+            let due = (per * start.elapsed().min(dur).as_secs_f64()) as u64;
+            if due <= sent {
+                continue;
+            }
+            let k = due - sent;
+            let first = next.fetch_add(k, Relaxed);
+            if has_bulk {
+                let ts = now_ns();
+                let jobs: Vec<BenchJob> = (first..first + k).map(|i| BenchJob { i, ts }).collect();
+                for chunk in jobs.chunks(batch) {
+                    p.bulk(chunk).await?;
+                    published.fetch_add(chunk.len() as u64, Relaxed);
+                }
+            } else {
+                for i in first..first + k {
+                    p.one(BenchJob { i, ts: now_ns() }).await?;
+                    published.fetch_add(1, Relaxed);
+                }
+            }
+            sent = due;
+        }
+    }))
+    .await
+    .map(|_| ())
+}
+
+/// Busy loops at `nice 10` (a CPU neighbour), stopped when dropped.
+struct Neighbours(Vec<std::process::Child>);
+
+impl Neighbours {
+    fn start(n: usize) -> Self {
+        let mut children = Vec::new();
+        for _ in 0..n {
+            match std::process::Command::new("nice")
+                .args(["-n", "10", "sh", "-c", "while :; do :; done"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+            {
+                Ok(c) => children.push(c),
+                Err(e) => eprintln!("cannot start a busy loop beside the scenario: {e}"),
+            }
+        }
+        Self(children)
+    }
+}
+
+impl Drop for Neighbours {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Postgres, vacuumed; a worker process at `xmin_handlers`; one warm-up job; then a session
 /// takes a snapshot and an xid and stays idle in transaction while producers offer `xmin_rate`
 /// jobs/s (paced like the steady scenario: every 10 ms what is due, in one bulk call where the
@@ -881,6 +979,25 @@ async fn pinned_xmin(env: &Env, system: System, t: &Target) -> anyhow::Result<Fi
         return Ok(f);
     }
 
+    let published = AtomicU64::new(1);
+    let next = AtomicU64::new(1);
+    let max_backlog = AtomicU64::new(0);
+    let has_bulk = system.has_bulk(t.backend);
+    let neighbours = Neighbours::start(s.xmin_neighbours);
+    // The table's history: the offered rate for a while before the pin.
+    if !s.xmin_history.is_zero() {
+        offer(
+            &mut producers,
+            has_bulk,
+            s.xmin_rate,
+            s.xmin_history,
+            s.bulk_batch,
+            (&published, &next),
+        )
+        .await
+        .map_err(|e| e.context("producing the table's history"))?;
+    }
+
     // The pin: an xid and a transaction snapshot, then idle in transaction.
     let mut pin = sqlx::PgConnection::connect(&t.url).await?;
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
@@ -902,46 +1019,17 @@ async fn pinned_xmin(env: &Env, system: System, t: &Target) -> anyhow::Result<Fi
 
     let before = w.total();
     let (done0, lat0) = (before.done, before.latencies.len());
-    let published = AtomicU64::new(1);
-    let next = AtomicU64::new(1);
-    let max_backlog = AtomicU64::new(0);
-    let per = s.xmin_rate as f64 / n_producers as f64;
-    let has_bulk = system.has_bulk(t.backend);
+    let published_at_pin = published.load(Relaxed);
     let start = tokio::time::Instant::now();
     let end = start + s.xmin_hold;
-    let (published_ref, next_ref) = (&published, &next);
-    let produce = futures::future::try_join_all(producers.iter_mut().map(|p| async move {
-        let mut sent = 0u64;
-        let mut tick = 0u32;
-        loop {
-            tick += 1;
-            let at = start + Duration::from_millis(10) * tick;
-            if at > end {
-                return anyhow::Ok(());
-            }
-            tokio::time::sleep_until(at).await;
-            let due = (per * start.elapsed().min(s.xmin_hold).as_secs_f64()) as u64;
-            if due <= sent {
-                continue;
-            }
-            let k = due - sent;
-            let first = next_ref.fetch_add(k, Relaxed);
-            if has_bulk {
-                let ts = now_ns();
-                let batch: Vec<BenchJob> = (first..first + k).map(|i| BenchJob { i, ts }).collect();
-                for chunk in batch.chunks(s.bulk_batch) {
-                    p.bulk(chunk).await?;
-                    published_ref.fetch_add(chunk.len() as u64, Relaxed);
-                }
-            } else {
-                for i in first..first + k {
-                    p.one(BenchJob { i, ts: now_ns() }).await?;
-                    published_ref.fetch_add(1, Relaxed);
-                }
-            }
-            sent = due;
-        }
-    }));
+    let produce = offer(
+        &mut producers,
+        has_bulk,
+        s.xmin_rate,
+        s.xmin_hold,
+        s.bulk_batch,
+        (&published, &next),
+    );
     let sample = async {
         while tokio::time::Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -950,6 +1038,7 @@ async fn pinned_xmin(env: &Env, system: System, t: &Target) -> anyhow::Result<Fi
         }
     };
     let (produced, ()) = futures::future::join(produce, sample).await;
+    let produced = produced.map(|_| ());
     let window = start.elapsed().as_secs_f64();
     let r = w.total();
     let published = published.load(Relaxed);
@@ -976,7 +1065,8 @@ async fn pinned_xmin(env: &Env, system: System, t: &Target) -> anyhow::Result<Fi
     if held != Some(true) {
         notes.push("the pin was lost before the end".to_owned());
     }
-    let offered = (published - 1) as f64;
+    drop(neighbours);
+    let offered = published.saturating_sub(published_at_pin) as f64;
     if offered < s.xmin_rate as f64 * window * 0.9 {
         notes.push(format!(
             "producer reached {:.0} of {}/s",
