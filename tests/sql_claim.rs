@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::{Db, Lite, Pg, Sql, pg_options};
 use sqlx::Connection as _;
-use stagedoor_jobs::broker::Inspect;
+use stagedoor_jobs::broker::{Inspect, Settled, Settlement};
 use stagedoor_jobs::inbox::{Column, ColumnType, Table};
 use stagedoor_jobs::prelude::*;
 use stagedoor_jobs::{Broker, Inbox, Priority};
@@ -627,4 +627,213 @@ async fn postgres_a_claim_by_priority_never_lifts_the_floor_over_older_lower_row
         .collect();
     got.sort_unstable();
     assert_eq!(got, [0, 1, 2, 3, 4], "the older low rows first");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 31: a queue's table whose statistics were taken while it was worked off (reltuples 0:
+// "every index is one page") and that a pinned xmin has filled with dead versions. The claim,
+// the renewal and the settlement find their rows by place (ctid), so what they read is sized
+// by the batch, not by the table, whatever plan the planner builds from those statistics.
+// ---------------------------------------------------------------------------------------------
+
+/// Index blocks read (hit or read) of `jobs`' indexes, as the cumulative statistics say.
+async fn index_blocks(url: &str, schema: &str) -> (i64, i64) {
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+    let row: (i64, i64) = sqlx::query_as(
+        "SELECT CAST(COALESCE(SUM(idx_blks_hit + idx_blks_read) FILTER (WHERE indexrelname = 'jobs_due'), 0) AS BIGINT),
+                CAST(COALESCE(SUM(idx_blks_hit + idx_blks_read), 0) AS BIGINT)
+         FROM pg_statio_all_indexes WHERE schemaname = $1 AND relname = 'jobs'",
+    )
+    .bind(schema)
+    .fetch_one(&mut conn)
+    .await
+    .expect("index statistics");
+    conn.close().await.expect("close");
+    row
+}
+
+/// The statistics of `jobs` say what `pg_class` says (reltuples 0 is the trap's).
+async fn reltuples(url: &str, schema: &str) -> f64 {
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+    let n: f32 = sqlx::query_scalar(
+        "SELECT c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = 'jobs'",
+    )
+    .bind(schema)
+    .fetch_one(&mut conn)
+    .await
+    .expect("pg_class");
+    conn.close().await.expect("close");
+    f64::from(n)
+}
+
+/// One round as a busy worker makes it: a claim of 32, each row renewed once, then all settled
+/// at once from tasks of their own (so that they share the route's batches): acknowledged,
+/// every fifth retried an hour later. Returns how many rows it retried.
+async fn round(route: &stagedoor_jobs_sqlx::SqlxRoute<sqlx::Postgres, Jobs>, what: &str) -> usize {
+    let batch = route.claim("q", 32, Duration::ZERO).await.expect("claim");
+    assert_eq!(batch.len(), 32, "{what}: a claim took a whole batch");
+    for d in &batch {
+        assert!(
+            route.renew("q", &d.receipt).await.expect("renew"),
+            "{what}: renewed"
+        );
+    }
+    let retried = batch.iter().step_by(5).count();
+    let mut settles = tokio::task::JoinSet::new();
+    for (i, d) in batch.into_iter().enumerate() {
+        let s = if i % 5 == 0 {
+            Settlement::Retry {
+                delay: Duration::from_secs(3600),
+                failure: stagedoor_jobs::Failure::new(
+                    stagedoor_jobs::FailureCause::Error,
+                    "later".to_owned(),
+                    String::new(),
+                ),
+            }
+        } else {
+            Settlement::Ack
+        };
+        let route = route.clone();
+        settles.spawn(async move { route.settle("q", &d, s).await });
+    }
+    for s in settles.join_all().await {
+        assert_eq!(s.expect("settle"), Settled::Done, "{what}");
+    }
+    retried
+}
+
+/// The harness's collapse (issue 31), reproduced: the table is analyzed while worked off
+/// (reltuples 0: every index "one page"), a worker's statements get their generic plans
+/// while the table is small (what a prepared statement runs after its fifth execution, built
+/// once and kept until the next ANALYZE), then a pinned xmin fills the table and its indexes
+/// with 50,000 dead versions behind 1,000 live rows. Rounds of claims, renewals and
+/// settlements then read a few index blocks per row (their own index entries), under generic
+/// plans and custom ones: the rows are found by place (ctid), not by id, where the generic plan
+/// walks the whole due index per row.
+#[cfg_attr(
+    not(stagedoor_postgres),
+    ignore = "needs Postgres: run scripts/test-all"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_reads_are_sized_by_the_batch_under_stats_of_an_empty_table_and_a_pinned_xmin() {
+    for (mode, settings) in [
+        ("generic", "SET plan_cache_mode = force_generic_plan"),
+        ("custom", "SET plan_cache_mode = force_custom_plan"),
+    ] {
+        let db = Pg::fresh(&format!("stale_{mode}"), "").await;
+        // Set up on a connection of its own, closed (its statistics flushed) before counting.
+        let mut setup = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+        // A table with a history (its primary key grew deeper than the due index, made
+        // since), analyzed while worked off: the state the harness's table was in.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SET search_path TO {};
+             CREATE TABLE jobs (id BIGSERIAL PRIMARY KEY, queue TEXT NOT NULL, attempt SMALLINT NOT NULL DEFAULT 1,
+               retry_after TIMESTAMPTZ NOT NULL DEFAULT now(), locked_until TIMESTAMPTZ, payload BYTEA NOT NULL);
+             ALTER TABLE jobs SET (autovacuum_enabled = false);
+             INSERT INTO jobs (queue, payload) SELECT 'q', '\\x00' FROM generate_series(1, 200000);
+             DELETE FROM jobs;",
+            db.schema
+        )))
+        .execute(&mut setup)
+        .await
+        .expect("a table with a history");
+        sqlx::raw_sql("VACUUM jobs")
+            .execute(&mut setup)
+            .await
+            .expect("vacuum");
+        sqlx::raw_sql(
+            "CREATE INDEX jobs_due ON jobs (queue, retry_after, id);
+             INSERT INTO jobs (queue, payload) SELECT 'q', '\\x00' FROM generate_series(1, 200);
+             DELETE FROM jobs;",
+        )
+        .execute(&mut setup)
+        .await
+        .expect("a worked-off table");
+        // ANALYZE without VACUUM: the pages stay, no live row is seen: reltuples = 0.
+        sqlx::raw_sql("ANALYZE jobs")
+            .execute(&mut setup)
+            .await
+            .expect("analyze");
+        assert_eq!(
+            reltuples(&db.url, &db.schema).await,
+            0.0,
+            "the statistics say the table is empty"
+        );
+        sqlx::raw_sql(
+            "INSERT INTO jobs (queue, payload, retry_after) SELECT 'q', '\\x00', now() - interval '2 hours' FROM generate_series(1, 192)",
+        )
+        .execute(&mut setup)
+        .await
+        .expect("the warm-up's rows");
+
+        let route = broker_with(&db, settings).route::<Jobs>("q");
+        Inspect::connect(&route).await.expect("connect");
+        // The worker's statements get their plans while the table is small.
+        for _ in 0..6 {
+            round(&route, mode).await;
+        }
+
+        let mut pin = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+        sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT txid_current()")
+            .execute(&mut pin)
+            .await
+            .expect("pin xmin");
+        sqlx::raw_sql(
+            "INSERT INTO jobs (queue, payload, retry_after) SELECT 'q', '\\x00', now() - interval '1 hour' + i * interval '1 ms' FROM generate_series(1, 51000) AS i;
+             DELETE FROM jobs WHERE id <= (SELECT max(id) - 1000 FROM jobs)",
+        )
+        .execute(&mut setup)
+        .await
+        .expect("bloat under the pinned xmin");
+        setup.close().await.expect("close");
+        let live_before = count(&db, "SELECT count(*) FROM jobs WHERE retry_after < now()").await;
+        assert_eq!(live_before, 1000, "{mode}: the live rows");
+        // The first claim after the bloat walks the dead versions once to find the first live
+        // row; the floor then keeps the others above them. Counted from after it.
+        let mut retried = round(&route, mode).await;
+        // Let the broker's sessions flush what they counted so far (idle a second).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        route.prepare("q").await.ok();
+        let before = index_blocks(&db.url, &db.schema).await;
+
+        let rounds = 12;
+        for _ in 0..rounds {
+            retried += round(&route, mode).await;
+        }
+        let claimed = rounds * 32;
+        // The broker's sessions end: their statistics are flushed as they exit.
+        if let Some(pool) = route.broker().pool() {
+            pool.close().await;
+        }
+        let mut after = index_blocks(&db.url, &db.schema).await;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = index_blocks(&db.url, &db.schema).await;
+            if now == after {
+                break;
+            }
+            after = now;
+        }
+        let (due, all) = (after.0 - before.0, after.1 - before.1);
+        eprintln!(
+            "{mode}: {claimed} rows claimed, renewed and settled: {due} blocks of jobs_due, {all} of both indexes ({:.1} a row)",
+            all as f64 / claimed as f64
+        );
+        let due_now = count(&db, "SELECT count(*) FROM jobs WHERE retry_after < now()").await;
+        let waiting = count(&db, "SELECT count(*) FROM jobs WHERE retry_after > now()").await;
+        assert_eq!(
+            due_now,
+            1000 - 32 - claimed as i64,
+            "{mode}: the claimed rows are settled"
+        );
+        assert_eq!(waiting, retried as i64, "{mode}: the retried rows wait");
+        assert!(
+            all < 50 * claimed as i64,
+            "{mode}: {all} index blocks for {claimed} rows: a walk of the whole index per row"
+        );
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut pin)
+            .await
+            .expect("unpin");
+    }
 }

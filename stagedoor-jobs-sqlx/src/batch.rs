@@ -41,6 +41,8 @@ pub(crate) struct SettleReq {
     pub(crate) id: IdValue,
     pub(crate) leases: [DateTime<Utc>; FENCES],
     pub(crate) op: Op,
+    /// Where the row's version is, if the delivery knows (see `SqlReceipt::ctid`).
+    pub(crate) ctid: Option<String>,
     /// `true` when the row was still leased to this delivery (and is settled now).
     pub(crate) reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
 }
@@ -147,59 +149,60 @@ async fn run_batch<DB: Dialect>(
     let both = !acks.is_empty() && !retries.is_empty() && DB::FLAVOR != Flavor::Postgres;
     let mut conn = acquire(pool).await.map_err(Failed::Before)?;
     if !both && deads == 0 {
-        // One statement: its own transaction.
-        return settle_in::<DB>(&mut conn, stmts, batch, &acks, &retries).await;
+        // One statement (two when rows are not found at their place): each its own
+        // transaction.
+        return settle_in::<DB>(&mut conn, stmts, batch, &acks, &retries, false).await;
     }
     let mut tx = sqlx::Connection::begin(&mut *conn)
         .await
         .map_err(|e| Failed::Before(db_err(e)))?;
-    let done = settle_in::<DB>(&mut tx, stmts, batch, &acks, &retries).await?;
+    let done = settle_in::<DB>(&mut tx, stmts, batch, &acks, &retries, true).await?;
     tx.commit().await.map_err(|e| Failed::AtCommit(db_err(e)))?;
     Ok(done)
 }
 
 /// The statements of `batch` on `conn`: the acknowledgements' delete, the retries' update, each
-/// dead letter's move.
+/// dead letter's move; `in_tx`: in one transaction (else a failure after a first statement
+/// that settled rows is one that may have taken effect).
 async fn settle_in<DB: Dialect>(
     conn: &mut DB::Connection,
     stmts: &Statements,
     batch: &[SettleReq],
     acks: &[usize],
     retries: &[usize],
+    in_tx: bool,
 ) -> Result<Vec<bool>, Failed> {
-    let before = |e: BrokerError| Failed::Before(e);
     let mut done = vec![false; batch.len()];
-    if DB::FLAVOR == Flavor::Postgres && !acks.is_empty() && !retries.is_empty() {
-        // Both in one statement. The rows differ (one settlement per row in a batch), so the
-        // ids it returns tell both kinds apart.
-        let n = bucket(acks.len().max(retries.len()));
-        let (sql, has_due, has_error) = stmts.delete_and_retry_many(n);
-        let mut binds = ack_binds(batch, acks, n);
-        binds.extend(retry_binds(batch, retries, n, has_due, has_error));
-        let rows = DB::fetch(&mut *conn, sql, binds)
-            .await
-            .map_err(|e| before(db_err(e)))?;
-        mark::<DB>(&rows, batch, acks, &mut done);
-        mark::<DB>(&rows, batch, retries, &mut done);
-    } else {
-        if !acks.is_empty() {
-            let n = bucket(acks.len());
-            let binds = ack_binds(batch, acks, n);
-            let rows = DB::fetch(&mut *conn, stmts.delete_many(n), binds)
-                .await
-                .map_err(|e| before(db_err(e)))?;
-            mark::<DB>(&rows, batch, acks, &mut done);
-        }
-        if !retries.is_empty() {
-            let n = bucket(retries.len());
-            let (sql, has_due, has_error) = stmts.retry_many(n);
-            let binds = retry_binds(batch, retries, n, has_due, has_error);
-            let rows = DB::fetch(&mut *conn, sql, binds)
-                .await
-                .map_err(|e| before(db_err(e)))?;
-            mark::<DB>(&rows, batch, retries, &mut done);
-        }
+    // Postgres: first the rows whose place is known, found there (see
+    // `Statements::delete_many`); then by id the others and any not found at their place
+    // (moved, or no longer leased to the delivery: then not found by id either).
+    let known = |w: &[usize]| -> (Vec<usize>, Vec<usize>) {
+        w.iter()
+            .partition(|&&i| DB::FLAVOR == Flavor::Postgres && batch[i].ctid.is_some())
+    };
+    let (acks_at, mut acks_by_id) = known(acks);
+    let (retries_at, mut retries_by_id) = known(retries);
+    if !acks_at.is_empty() || !retries_at.is_empty() {
+        settle_pass::<DB>(conn, stmts, batch, &acks_at, &retries_at, true, &mut done).await?;
+        acks_by_id.extend(acks_at.iter().filter(|&&i| !done[i]));
+        retries_by_id.extend(retries_at.iter().filter(|&&i| !done[i]));
     }
+    let settled = done.iter().any(|d| *d);
+    settle_pass::<DB>(
+        conn,
+        stmts,
+        batch,
+        &acks_by_id,
+        &retries_by_id,
+        false,
+        &mut done,
+    )
+    .await
+    .map_err(|e| match e {
+        Failed::Before(e) if settled && !in_tx => Failed::AtCommit(e),
+        e => e,
+    })?;
+    let before = |e: BrokerError| Failed::Before(e);
     for (i, r) in batch.iter().enumerate() {
         let Op::Dead { v, table } = &r.op else {
             continue;
@@ -230,14 +233,63 @@ async fn settle_in<DB: Dialect>(
     Ok(done)
 }
 
+/// The acknowledgements `acks` and retries `retries` of `batch` (each found at its place when
+/// `at`), marked in `done`.
+async fn settle_pass<DB: Dialect>(
+    conn: &mut DB::Connection,
+    stmts: &Statements,
+    batch: &[SettleReq],
+    acks: &[usize],
+    retries: &[usize],
+    at: bool,
+    done: &mut [bool],
+) -> Result<(), Failed> {
+    let before = |e: BrokerError| Failed::Before(e);
+    if DB::FLAVOR == Flavor::Postgres && !acks.is_empty() && !retries.is_empty() {
+        // Both in one statement. The rows differ (one settlement per row in a batch), so the
+        // ids it returns tell both kinds apart.
+        let n = bucket(acks.len().max(retries.len()));
+        let (sql, has_due, has_error) = stmts.delete_and_retry_many(n, at);
+        let mut binds = ack_binds(batch, acks, n, at);
+        binds.extend(retry_binds(batch, retries, n, has_due, has_error, at));
+        let rows = DB::fetch(&mut *conn, sql, binds)
+            .await
+            .map_err(|e| before(db_err(e)))?;
+        mark::<DB>(&rows, batch, acks, done);
+        mark::<DB>(&rows, batch, retries, done);
+        return Ok(());
+    }
+    if !acks.is_empty() {
+        let n = bucket(acks.len());
+        let binds = ack_binds(batch, acks, n, at);
+        let rows = DB::fetch(&mut *conn, stmts.delete_many(n, at), binds)
+            .await
+            .map_err(|e| before(db_err(e)))?;
+        mark::<DB>(&rows, batch, acks, done);
+    }
+    if !retries.is_empty() {
+        let n = bucket(retries.len());
+        let (sql, has_due, has_error) = stmts.retry_many(n, at);
+        let binds = retry_binds(batch, retries, n, has_due, has_error, at);
+        let rows = DB::fetch(&mut *conn, sql, binds)
+            .await
+            .map_err(|e| before(db_err(e)))?;
+        mark::<DB>(&rows, batch, retries, done);
+    }
+    Ok(())
+}
+
 /// The values of [`Statements::delete_many`] of `n` rows for the acknowledgements `acks`.
-fn ack_binds(batch: &[SettleReq], acks: &[usize], n: usize) -> Vec<Value> {
-    let mut binds = Vec::with_capacity(n * (1 + FENCES));
+fn ack_binds(batch: &[SettleReq], acks: &[usize], n: usize, at: bool) -> Vec<Value> {
+    let mut binds = Vec::with_capacity(n * (2 + FENCES));
     for i in 0..n {
         // Padding repeats the last row: a duplicate term deletes nothing more.
         let r = &batch[acks[i.min(acks.len() - 1)]];
         binds.push(r.id.value());
         binds.extend(r.leases.iter().map(|l| Value::Time(Some(*l))));
+        if at {
+            binds.push(Value::Text(r.ctid.clone()));
+        }
     }
     binds
 }
@@ -249,8 +301,9 @@ fn retry_binds(
     n: usize,
     has_due: bool,
     has_error: bool,
+    at: bool,
 ) -> Vec<Value> {
-    let mut binds = Vec::with_capacity(n * (3 + FENCES));
+    let mut binds = Vec::with_capacity(n * (4 + FENCES));
     for i in 0..n {
         // Padding repeats the last row: the same values again change nothing more.
         let r = &batch[retries[i.min(retries.len() - 1)]];
@@ -263,6 +316,9 @@ fn retry_binds(
             if has_error {
                 binds.push(Value::Text(Some(error.clone())));
             }
+        }
+        if at {
+            binds.push(Value::Text(r.ctid.clone()));
         }
     }
     binds

@@ -21,6 +21,11 @@ pub struct SqlReceipt {
     lease: Mutex<Fence>,
     /// A settlement of this delivery failed: it may have taken effect (its reply lost).
     pub(crate) settle_failed: std::sync::atomic::AtomicBool,
+    /// Where the row's version is, as far as this delivery knows (Postgres: the `ctid` its
+    /// claim or last renewal returned, as text): settlements and renewals find the row there
+    /// with a TID scan, whatever the planner believes of the table, and by id only when it
+    /// moved. `None` when unknown (SQLite; after a renewal whose reply was lost).
+    ctid: Mutex<Option<String>>,
 }
 
 /// The lease values a delivery may find on its row.
@@ -33,7 +38,7 @@ struct Fence {
 }
 
 impl SqlReceipt {
-    pub(crate) fn new(id: IdValue, lease: DateTime<Utc>) -> Self {
+    pub(crate) fn new(id: IdValue, lease: DateTime<Utc>, ctid: Option<String>) -> Self {
         Self {
             id,
             lease: Mutex::new(Fence {
@@ -41,7 +46,25 @@ impl SqlReceipt {
                 unsure: Vec::new(),
             }),
             settle_failed: std::sync::atomic::AtomicBool::new(false),
+            ctid: Mutex::new(ctid),
         }
+    }
+
+    /// Where the row's version is, if known (see the field).
+    pub(crate) fn ctid(&self) -> Option<String> {
+        self.ctid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A statement of this delivery moved the row's version to `ctid` (`None`: it may have,
+    /// and where to is not known).
+    pub(crate) fn moved(&self, ctid: Option<String>) {
+        *self
+            .ctid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = ctid;
     }
 
     fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
@@ -123,7 +146,7 @@ mod tests {
     #[test]
     fn a_fence_accepts_the_leases_a_lost_reply_may_have_set() {
         let t = |s: i64| DateTime::from_timestamp(s, 0).expect("a time");
-        let r = SqlReceipt::new(IdValue::Int(1), t(10));
+        let r = SqlReceipt::new(IdValue::Int(1), t(10), None);
         assert_eq!(r.leases(), [t(10); crate::sql::FENCES]);
         r.maybe(t(11));
         r.maybe(t(12));

@@ -38,6 +38,8 @@ pub(crate) struct Vals {
     pub(crate) attempt: i64,
     /// The job's priority level ([`P::Priority`]); 0 (normal) unless set.
     pub(crate) priority: i64,
+    /// The row's version ([`P::Ctid`]).
+    pub(crate) ctid: Option<String>,
 }
 
 /// One row as read back: id, attempt, payload, lease, due, last error, headers, enqueued at,
@@ -60,6 +62,9 @@ pub(crate) struct RowRead {
     pub(crate) priority: Priority,
     /// What could not be read: each column, the value found and the fix.
     pub(crate) problem: Option<String>,
+    /// Where the claimed row's version is (Postgres: its `ctid` as text; a claim returns it
+    /// in a tenth column, other reads do not).
+    pub(crate) ctid: Option<String>,
 }
 
 /// The parameters of `stmt`, in order, from `v`.
@@ -105,6 +110,7 @@ fn value(p: P, v: &Vals, table: &Table) -> Value {
         P::Floor => Value::Time(v.floor),
         P::Attempt => Value::Int(Some(v.attempt)),
         P::Priority => Value::Int(Some(v.priority)),
+        P::Ctid => Value::Text(v.ctid.clone()),
     }
 }
 
@@ -250,6 +256,8 @@ pub(crate) fn read<DB: Driver>(row: &DB::Row, table: &Table) -> RowRead {
         enqueued_at,
         priority,
         problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        // Only a claim returns it: out of range (an error) elsewhere.
+        ctid: DB::text(row, 9).ok().flatten(),
     }
 }
 

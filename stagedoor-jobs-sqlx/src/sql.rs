@@ -71,6 +71,9 @@ pub(crate) enum P {
     Attempt,
     /// The job's priority level (`-2..=2`), bound as a `BIGINT`.
     Priority,
+    /// Where the row's version was when this delivery last wrote it (Postgres: its `ctid`, as
+    /// text), or NULL when unknown; see [`Statements::renew_at`].
+    Ctid,
 }
 
 /// One statement and the values it binds, in order.
@@ -236,6 +239,10 @@ pub(crate) struct Statements {
     /// [`Statements::next_due`] bounded the same way.
     pub(crate) next_due_from: Stmt,
     pub(crate) renew: Stmt,
+    /// Postgres: [`renew`](Self::renew) of the row version at [`P::Ctid`] (a TID scan, whatever
+    /// the statistics say), still fenced on the id and lease; both return the renewed
+    /// version's `ctid`. Empty on SQLite.
+    pub(crate) renew_at: Stmt,
     pub(crate) delete_fenced: Stmt,
     pub(crate) retry: Stmt,
     pub(crate) retry_keep_place: Stmt,
@@ -345,6 +352,7 @@ impl Statements {
             next_due,
             next_due_from,
             renew,
+            renew_at,
         } = claim::build(&n);
         let settle::Settles {
             delete_fenced,
@@ -387,6 +395,7 @@ impl Statements {
             claim_strays,
             next_due_from,
             renew,
+            renew_at,
             delete_fenced,
             retry,
             retry_keep_place,

@@ -149,7 +149,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                         let envelope = self.envelope_of(queue, &r, &doc);
                         out.push(Delivery {
                             envelope,
-                            receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease)),
+                            receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
                         });
                     }
                     self.inner
@@ -233,13 +233,15 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             new_lease: Some(new),
             id: Some(receipt.id.clone()),
             leases: Some(receipt.leases()),
+            ctid: receipt.ctid(),
             ..Vals::default()
         };
-        match run_in::<DB>(&mut conn, &stmts.renew, &v, &stmts.table).await {
-            Ok(n) => {
+        match renew_in::<DB>(&mut conn, &stmts, &v).await {
+            Ok((n, at)) => {
                 let renewed = n == 1;
                 if renewed {
                     receipt.confirmed(new);
+                    receipt.moved(at);
                 } else if receipt
                     .settle_failed
                     .load(std::sync::atomic::Ordering::SeqCst)
@@ -254,8 +256,10 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 Ok(renewed)
             }
             Err(e) => {
-                // Sent, and no reply: it may have committed. The fence accepts both.
+                // Sent, and no reply: it may have committed. The fence accepts both; where the
+                // row's version is now is not known.
                 receipt.maybe(new);
+                receipt.moved(None);
                 Err(e)
             }
         }
@@ -282,7 +286,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         tracing::error!(queue, row = %r.id, dead_letter = %target, "{error}");
         let delivery = Delivery {
             envelope,
-            receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease)),
+            receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
         };
         let failure = Failure::new(FailureCause::Decode, error, String::new());
         match Broker::settle(
@@ -355,4 +359,29 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             _ => Inspect::next_due(self, queue).await,
         }
     }
+}
+
+/// Runs the renewal `v` of a row: on Postgres at the row's known place first (a TID scan), by
+/// id when it is not known or the row is no longer there; how many rows it renewed and, on
+/// Postgres, where the renewed version is.
+async fn renew_in<DB: Dialect>(
+    conn: &mut DB::Connection,
+    stmts: &Statements,
+    v: &Vals,
+) -> Result<(u64, Option<String>), BrokerError> {
+    if Statements::lacks(&stmts.renew_at) {
+        return Ok((
+            run_in::<DB>(conn, &stmts.renew, v, &stmts.table).await?,
+            None,
+        ));
+    }
+    let moved = |rows: &[DB::Row]| rows.first().and_then(|r| DB::text(r, 0).ok().flatten());
+    if v.ctid.is_some() {
+        let rows = fetch_in::<DB>(&mut *conn, &stmts.renew_at, v, &stmts.table).await?;
+        if !rows.is_empty() {
+            return Ok((rows.len() as u64, moved(&rows)));
+        }
+    }
+    let rows = fetch_in::<DB>(&mut *conn, &stmts.renew, v, &stmts.table).await?;
+    Ok((rows.len() as u64, moved(&rows)))
 }

@@ -117,7 +117,9 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 }
             }
         };
-        let done = self.settle_batched(receipt.id.clone(), leases, op).await?;
+        let done = self
+            .settle_batched(receipt.id.clone(), leases, receipt.ctid(), op)
+            .await?;
         Ok(self.settled(done))
     }
 
@@ -162,6 +164,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         &self,
         id: IdValue,
         leases: [DateTime<Utc>; crate::sql::FENCES],
+        ctid: Option<String>,
         op: Op,
     ) -> Result<bool, BrokerError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -170,6 +173,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             id,
             leases,
             op,
+            ctid,
             reply,
         };
         // A send fails only if the task stopped since `settle_sender` looked: the

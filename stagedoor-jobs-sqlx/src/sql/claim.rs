@@ -41,6 +41,7 @@ pub(super) struct Claims {
     pub(super) next_due: Stmt,
     pub(super) next_due_from: Stmt,
     pub(super) renew: Stmt,
+    pub(super) renew_at: Stmt,
 }
 
 pub(super) fn build(n: &Names) -> Claims {
@@ -69,12 +70,28 @@ pub(super) fn build(n: &Names) -> Claims {
         Stmt::default()
     };
 
+    // On Postgres both return where the row's new version is (see `SqlReceipt::ctid`).
+    let moved = match n.flavor {
+        Flavor::Postgres => " RETURNING CAST(ctid AS TEXT)",
+        Flavor::Sqlite => "",
+    };
     let mut renew = Stmt::default();
     {
         let new = renew.p(P::NewLease);
         let idc = n.id_cond(&mut renew);
         let f = fence(&mut renew, locked);
-        renew.sql = format!("UPDATE {t} SET {locked} = {new} WHERE {idc} AND {f}");
+        renew.sql = format!("UPDATE {t} SET {locked} = {new} WHERE {idc} AND {f}{moved}");
+    }
+    let mut renew_at = Stmt::default();
+    if n.flavor == Flavor::Postgres {
+        let s = &mut renew_at;
+        let new = s.p(P::NewLease);
+        let at = s.p(P::Ctid);
+        let idc = n.id_cond(s);
+        let f = fence(s, locked);
+        s.sql = format!(
+            "UPDATE {t} SET {locked} = {new} WHERE ctid = CAST({at} AS tid) AND ({idc} AND {f}) IS TRUE{moved}"
+        );
     }
 
     // When the next row becomes claimable: a waiting row at its due time, a claimed one when
@@ -107,6 +124,7 @@ pub(super) fn build(n: &Names) -> Claims {
         next_due,
         next_due_from,
         renew,
+        renew_at,
     }
 }
 
@@ -188,12 +206,27 @@ fn build_claim(n: &Names, floor: bool, strays: bool, prio: bool) -> Stmt {
         Flavor::Postgres => " FOR UPDATE SKIP LOCKED",
         Flavor::Sqlite => "",
     };
+    // Postgres finds the picked rows again by their place (a TID scan): by id, the planner
+    // may walk a whole index per row (see the comment above), and a table under a pinned xmin
+    // makes every such walk longer. The rows are locked by the pick, so their place holds.
+    let (picked, matched, at) = match flavor {
+        Flavor::Postgres => (
+            ", ctid AS stagedoor_ctid",
+            "ctid = ANY(ARRAY(SELECT stagedoor_ctid FROM stagedoor_batch))".to_owned(),
+            ", CAST(ctid AS TEXT)",
+        ),
+        Flavor::Sqlite => (
+            "",
+            format!("{id} IN (SELECT stagedoor_id FROM stagedoor_batch)"),
+            "",
+        ),
+    };
     let pick = format!(
-        "SELECT {id} AS stagedoor_id, {delivery} AS stagedoor_attempt FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}{lock}",
+        "SELECT {id} AS stagedoor_id, {delivery} AS stagedoor_attempt{picked} FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}{lock}",
         cond.join(" AND ")
     );
     claim.sql = format!(
-        "WITH stagedoor_batch AS MATERIALIZED ({pick}) UPDATE {t} SET {locked} = {lease}{bump} WHERE {id} IN (SELECT stagedoor_id FROM stagedoor_batch) RETURNING {returned}"
+        "WITH stagedoor_batch AS MATERIALIZED ({pick}) UPDATE {t} SET {locked} = {lease}{bump} WHERE {matched} RETURNING {returned}{at}"
     );
     claim
 }

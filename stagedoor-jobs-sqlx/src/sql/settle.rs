@@ -136,11 +136,17 @@ fn build_clear(n: &Names, replayed: bool) -> Stmt {
 
 impl Statements {
     /// A fenced delete of `n` rows (at most [`MAX_ROWS`](super::MAX_ROWS)): binds the id and the
-    /// [`FENCES`] lease values of each, in order; returns the id (as text) of every row it
-    /// deleted.
-    pub(crate) fn delete_many(&self, n: usize) -> String {
+    /// [`FENCES`] lease values of each, in order, then (`at`, Postgres) its `ctid` as text;
+    /// returns the id (as text) of every row it deleted.
+    ///
+    /// `at`: the rows are found by their `ctid` (a TID scan) and the fence is checked on what
+    /// is found, as one condition no index can serve: by id alone the planner may choose to
+    /// walk a whole index for each row (statistics taken when the queue was empty say every
+    /// index is one page), and a pinned xmin makes each walk longer. A row whose version
+    /// moved is not found this way: the caller settles it again by id.
+    pub(crate) fn delete_many(&self, n: usize, at: bool) -> String {
         let (id, locked) = (&self.id_col, &self.locked_col);
-        let per = 1 + FENCES;
+        let per = 1 + FENCES + usize::from(at);
         let conds: Vec<String> = (0..n)
             .map(|i| {
                 let leases: Vec<String> = (0..FENCES)
@@ -153,10 +159,21 @@ impl Statements {
                 )
             })
             .collect();
-        format!(
-            "DELETE FROM {} WHERE {} RETURNING CAST({id} AS TEXT) AS settled_id",
-            self.qualified,
+        let cond = if at {
+            let tids: Vec<String> = (0..n)
+                .map(|i| format!("CAST(${} AS tid)", per * i + 2 + FENCES))
+                .collect();
+            format!(
+                "ctid = ANY(ARRAY[{}]) AND ({}) IS TRUE",
+                tids.join(", "),
+                conds.join(" OR ")
+            )
+        } else {
             conds.join(" OR ")
+        };
+        format!(
+            "DELETE FROM {} WHERE {cond} RETURNING CAST({id} AS TEXT) AS settled_id",
+            self.qualified
         )
     }
 
@@ -164,9 +181,10 @@ impl Statements {
     /// [`retry_many`](Self::retry_many) of `n` other rows in one statement (one round trip, one
     /// commit): binds the delete's values, then the retry's; returns the id (as text) of every
     /// row either settled, and the retry's two flags.
-    pub(crate) fn delete_and_retry_many(&self, n: usize) -> (String, bool, bool) {
-        let delete = self.delete_many(n);
-        let (retry, has_due, has_error) = self.retry_many_from(n, n * (1 + FENCES));
+    pub(crate) fn delete_and_retry_many(&self, n: usize, at: bool) -> (String, bool, bool) {
+        let delete = self.delete_many(n, at);
+        let per = 1 + FENCES + usize::from(at);
+        let (retry, has_due, has_error) = self.retry_many_from(n, n * per, at);
         (
             format!(
                 "WITH a AS ({delete}), r AS ({retry}) SELECT settled_id FROM a UNION ALL SELECT settled_id FROM r"
@@ -180,22 +198,28 @@ impl Statements {
     /// at its own time (a NULL due keeps the row's: a FIFO row retried at once keeps its
     /// place), with its own last error. Binds, for each row in order, the id, the [`FENCES`]
     /// lease values, then the due time when the table has a `retry_after` column and the error
-    /// when it has a `last_error` one (the two flags returned); returns the id (as text) of
-    /// every row it released.
-    pub(crate) fn retry_many(&self, n: usize) -> (String, bool, bool) {
-        self.retry_many_from(n, 0)
+    /// when it has a `last_error` one (the two flags returned), then (`at`) its `ctid` as text;
+    /// returns the id (as text) of every row it released. `at`: as in
+    /// [`delete_many`](Self::delete_many).
+    pub(crate) fn retry_many(&self, n: usize, at: bool) -> (String, bool, bool) {
+        self.retry_many_from(n, 0, at)
     }
 
     /// [`retry_many`](Self::retry_many) whose first parameter is number `skip + 1`.
-    fn retry_many_from(&self, n: usize, skip: usize) -> (String, bool, bool) {
+    fn retry_many_from(&self, n: usize, skip: usize, at: bool) -> (String, bool, bool) {
         let (id, locked) = (&self.id_col, &self.locked_col);
         let due = self.table.retry_after.map(|c| q(c.name));
         let error = self.table.last_error.map(|c| q(c.name));
-        let per = 1 + FENCES + usize::from(due.is_some()) + usize::from(error.is_some());
+        let per = 1
+            + FENCES
+            + usize::from(due.is_some())
+            + usize::from(error.is_some())
+            + usize::from(at);
         let ph = |i: usize, k: usize| format!("${}", skip + per * i + 1 + k);
         let mut conds = Vec::with_capacity(n);
         let mut dues = Vec::with_capacity(n);
         let mut errors = Vec::with_capacity(n);
+        let mut tids = Vec::with_capacity(n);
         for i in 0..n {
             let leases: Vec<String> = (0..FENCES).map(|k| ph(i, 1 + k)).collect();
             conds.push(format!(
@@ -214,6 +238,10 @@ impl Statements {
             }
             if error.is_some() {
                 errors.push(format!("WHEN {id} = {} THEN {}", ph(i, 0), ph(i, k)));
+                k += 1;
+            }
+            if at {
+                tids.push(format!("CAST({} AS tid)", ph(i, k)));
             }
         }
         let mut sets = vec![format!("{locked} = NULL")];
@@ -223,11 +251,19 @@ impl Statements {
         if let Some(e) = &error {
             sets.push(format!("{e} = CASE {} ELSE {e} END", errors.join(" ")));
         }
+        let cond = if at {
+            format!(
+                "ctid = ANY(ARRAY[{}]) AND ({}) IS TRUE",
+                tids.join(", "),
+                conds.join(" OR ")
+            )
+        } else {
+            conds.join(" OR ")
+        };
         let sql = format!(
-            "UPDATE {} SET {} WHERE {} RETURNING CAST({id} AS TEXT) AS settled_id",
+            "UPDATE {} SET {} WHERE {cond} RETURNING CAST({id} AS TEXT) AS settled_id",
             self.qualified,
             sets.join(", "),
-            conds.join(" OR ")
         );
         (sql, due.is_some(), error.is_some())
     }
