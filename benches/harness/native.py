@@ -83,13 +83,28 @@ def main() -> int:
 
     here = Path(__file__).resolve().parent
 
-    def launch_stagedoor(manifest, overrides):
-        return ad.LaunchSpec(argv=[a.stagedoor_bin], env=ad._base_env(manifest, overrides))
+    def launcher(table):
+        def launch(manifest, overrides):
+            env = ad._base_env(manifest, overrides)
+            # The table shape (see stagedoor-bench) and the pool: not in the harness's list.
+            env["STAGEDOOR_TABLE"] = table
+            if "STAGEDOOR_POOL" in os.environ:
+                env["STAGEDOOR_POOL"] = os.environ["STAGEDOOR_POOL"]
+            return ad.LaunchSpec(argv=[a.stagedoor_bin], env=env)
 
+        return launch
+
+    # `stagedoor`: the mailer's table (generated id, no headers); `stagedoor-text`: a text id
+    # and headers (its manifest in stagedoor-bench/text/).
     ad.ADAPTERS["stagedoor"] = ad.AdapterEntry(
         bench_dir=here / "stagedoor-bench",
         builder=lambda skip: None,  # run-native builds it
-        launcher=launch_stagedoor,
+        launcher=launcher("mailer"),
+    )
+    ad.ADAPTERS["stagedoor-text"] = ad.AdapterEntry(
+        bench_dir=here / "stagedoor-bench" / "text",
+        builder=lambda skip: None,
+        launcher=launcher("text"),
     )
 
     pgboss_dir = a.harness.resolve() / "pgboss-bench"

@@ -23,7 +23,6 @@ use stagedoor_jobs_sqlx::SqlxRoute;
 use stagedoor_jobs_sqlx::prelude::*;
 use tokio::sync::Mutex;
 
-const SYSTEM: &str = "stagedoor";
 const QUEUE: &str = "bench";
 /// The harness's rolling window for the latency percentiles.
 const WINDOW: Duration = Duration::from_secs(30);
@@ -60,7 +59,47 @@ struct MailJob {
     payload: Vec<u8>,
 }
 
-type Route = SqlxRoute<sqlx::Postgres, MailJob>;
+/// The other shape the README teaches (`STAGEDOOR_TABLE=text`): a text id the publisher mints
+/// (the job's id), the headers, the last error and the publish time in columns of their own.
+const TEXT_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS text_jobs (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    attempt SMALLINT NOT NULL DEFAULT 1,
+    retry_after TIMESTAMPTZ NOT NULL DEFAULT now(),
+    locked_until TIMESTAMPTZ,
+    payload BYTEA NOT NULL,
+    enqueued_at TIMESTAMPTZ,
+    last_error TEXT,
+    headers TEXT
+);
+CREATE INDEX IF NOT EXISTS text_jobs_due ON text_jobs (name, retry_after, id);";
+
+/// One row of `text_jobs`.
+#[derive(Inbox)]
+#[inbox(table = "text_jobs")]
+#[allow(dead_code)]
+struct TextJob {
+    #[field(id)]
+    id: String,
+    #[field(group)]
+    name: String,
+    #[field(attempt, generated)]
+    attempt: i16,
+    #[field(retry_after)]
+    retry_after: DateTime<Utc>,
+    #[field(locked_until)]
+    locked_until: Option<DateTime<Utc>>,
+    #[field(payload)]
+    payload: Vec<u8>,
+    #[field(enqueued_at)]
+    enqueued_at: Option<DateTime<Utc>>,
+    #[field(last_error)]
+    last_error: Option<String>,
+    #[field(headers)]
+    headers: Option<String>,
+}
+
+type Route<R> = SqlxRoute<sqlx::Postgres, R>;
 
 /// What the producer publishes.
 #[derive(Serialize, Deserialize)]
@@ -156,16 +195,16 @@ async fn handle(job: &BenchJob, Data(s): Data<Arc<Shared>>) -> HandlerOutcome {
     HandlerOutcome::ack()
 }
 
-fn route(url: &str, pool: u32) -> Route {
+fn route<R: Inbox>(url: &str, pool: u32) -> Route<R> {
     SqlxBroker::<sqlx::Postgres>::from_url(
         url,
         sqlx::postgres::PgPoolOptions::new().max_connections(pool),
     )
-    .route::<MailJob>(QUEUE)
+    .route::<R>(QUEUE)
 }
 
 /// The fixed-rate producer: up to `batch_max` jobs every `batch_ms`, credited on elapsed time.
-async fn producer(r: Route, s: Arc<Shared>, rate: f64, batch_max: usize, batch_ms: u64) {
+async fn producer<R: Inbox>(r: Route<R>, s: Arc<Shared>, rate: f64, batch_max: usize, batch_ms: u64) {
     let padding = "x".repeat(env::<usize>("JOB_PAYLOAD_BYTES", 256).saturating_sub(64));
     let mut tick = tokio::time::interval(Duration::from_millis(batch_ms.max(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -220,7 +259,7 @@ async fn producer(r: Route, s: Arc<Shared>, rate: f64, batch_max: usize, batch_m
 }
 
 /// The depth reader: `stats` every 200 ms.
-async fn depth_reader(r: Route, s: Arc<Shared>) {
+async fn depth_reader<R: Inbox>(r: Route<R>, s: Arc<Shared>) {
     while !s.stop.load(Ordering::Relaxed) {
         match Inspect::stats(&r, QUEUE).await {
             Ok(st) => {
@@ -234,7 +273,7 @@ async fn depth_reader(r: Route, s: Arc<Shared>) {
 }
 
 /// Every `SAMPLE_EVERY_S`, aligned on the wall clock: one record per metric.
-async fn sampler(s: Arc<Shared>, every: u64) {
+async fn sampler(system: &'static str, s: Arc<Shared>, every: u64) {
     let period = every.max(1) * 1000;
     // The first sample's rates cover the time since the adapter started.
     let mut last_at = Instant::now();
@@ -278,7 +317,7 @@ async fn sampler(s: Arc<Shared>, every: u64) {
             ("queue_depth_peak", peak as f64, every),
         ] {
             emit(serde_json::json!({
-                "t": t, "system": SYSTEM, "kind": "adapter", "subject_kind": "adapter",
+                "t": t, "system": system, "kind": "adapter", "subject_kind": "adapter",
                 "subject": "", "metric": metric, "value": value, "window_s": window,
                 "instance_id": env::<u32>("BENCH_INSTANCE_ID", 0),
             }));
@@ -291,16 +330,33 @@ async fn sampler(s: Arc<Shared>, every: u64) {
     }
 }
 
-async fn prepare(url: &str) -> Result<(), sqlx::Error> {
+/// Makes the table if it is missing. Rows already there stay: the harness gives each run a
+/// fresh database, and a replica it restarts (the chaos scenarios' `start-worker`) finds the
+/// jobs the killed one left, which it must run, not drop.
+async fn prepare(url: &str, schema: &'static str) -> Result<(), sqlx::Error> {
     use sqlx::Connection;
     let mut c = sqlx::PgConnection::connect(url).await?;
-    sqlx::raw_sql(SCHEMA).execute(&mut c).await?;
-    sqlx::raw_sql("TRUNCATE mail_jobs").execute(&mut c).await?;
+    sqlx::raw_sql(schema).execute(&mut c).await?;
     c.close().await
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    match env::<String>("STAGEDOOR_TABLE", "mailer".into()).as_str() {
+        "mailer" => run::<MailJob>("stagedoor", SCHEMA, "mail_jobs", "generated id, no headers").await,
+        "text" => run::<TextJob>("stagedoor-text", TEXT_SCHEMA, "text_jobs", "text id, headers").await,
+        other => Err(format!("STAGEDOOR_TABLE is mailer or text, not {other}").into()),
+    }
+}
+
+/// The adapter as system `system` (the harness's name) on table `table` (made by `schema`),
+/// its rows `R`.
+async fn run<R: Inbox>(
+    system: &'static str,
+    schema: &'static str,
+    table: &str,
+    shape: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "DATABASE_URL must be set")?;
     let scenario = env::<String>("SCENARIO", "long_horizon".into());
     if scenario != "long_horizon" {
@@ -318,7 +374,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let every = env::<u64>("SAMPLE_EVERY_S", 5);
     // The pool: sqlx's default (10) unless set.
     let pool = env::<u32>("STAGEDOOR_POOL", 10);
-    prepare(&url).await?;
+    prepare(&url, schema).await?;
 
     let shared = Arc::new(Shared {
         enqueued: AtomicU64::new(0),
@@ -334,7 +390,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let service = Service::new(AppInfo::new("stagedoor-harness", env!("CARGO_PKG_VERSION")))
         .state(shared.clone())
-        .with_broker(route(&url, pool), |b| {
+        .with_broker(route::<R>(&url, pool), |b| {
             b.include(Subscriber::new(QUEUE.to_owned(), handle))
                 .max_attempts(nonzero!(5u32))
                 .dead_letter(format!("{QUEUE}.dead"))
@@ -343,16 +399,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let running = service.start().await?;
 
     // The producer and the depth reader: routes of their own in this process.
-    let publisher = route(&url, 2);
+    let publisher = route::<R>(&url, 2);
     Inspect::connect(&publisher).await?;
-    let reader = route(&url, 1);
+    let reader = route::<R>(&url, 1);
     Inspect::connect(&reader).await?;
 
     emit(serde_json::json!({
-        "kind": "descriptor", "system": SYSTEM, "event_tables": ["public.mail_jobs"],
-        "event_indexes": ["public.mail_jobs_pkey", "public.mail_jobs_due"],
+        "kind": "descriptor", "system": system, "event_tables": [format!("public.{table}")],
+        "event_indexes": [format!("public.{table}_pkey"), format!("public.{table}_due")],
         "extensions": [], "version": format!("stagedoor-jobs@{}", env!("CARGO_PKG_VERSION")),
-        "schema_version": "mail_jobs (generated id, no headers)",
+        "schema_version": format!("{table} ({shape})"),
         "db_name": url.rsplit('/').next().unwrap_or(""), "started_at": now_iso(),
     }));
     eprintln!(
@@ -368,7 +424,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             batch_ms,
         )),
         tokio::spawn(depth_reader(reader, shared.clone())),
-        tokio::spawn(sampler(shared.clone(), every)),
+        tokio::spawn(sampler(system, shared.clone(), every)),
     ];
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
