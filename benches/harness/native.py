@@ -88,8 +88,9 @@ def main() -> int:
             env = ad._base_env(manifest, overrides)
             # The table shape (see stagedoor-bench) and the pool: not in the harness's list.
             env["STAGEDOOR_TABLE"] = table
-            if "STAGEDOOR_POOL" in os.environ:
-                env["STAGEDOOR_POOL"] = os.environ["STAGEDOOR_POOL"]
+            for key in ("STAGEDOOR_POOL", "STAGEDOOR_LEDGER_DIR"):
+                if key in os.environ:
+                    env[key] = os.environ[key]
             return ad.LaunchSpec(argv=[a.stagedoor_bin], env=env)
 
         return launch

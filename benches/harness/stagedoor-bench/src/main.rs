@@ -104,6 +104,9 @@ type Route<R> = SqlxRoute<sqlx::Postgres, R>;
 /// What the producer publishes.
 #[derive(Serialize, Deserialize)]
 struct BenchJob {
+    /// The publishing process (its pid): with `seq`, the job's name in the ledger.
+    #[serde(default)]
+    origin: u32,
     seq: u64,
     enqueued_at_ms: u64,
     payload_padding: String,
@@ -150,6 +153,40 @@ struct Shared {
     producer: Mutex<Window>,
     work: Duration,
     stop: AtomicBool,
+    /// `STAGEDOOR_LEDGER_DIR`: every job published and every job run, a line each, written at
+    /// once (no buffer a kill would lose), so that a run with kills can be checked for jobs
+    /// published and never run (`../check-ledger`).
+    ledger: Option<Ledger>,
+}
+
+/// The ledger files of this process (see `Shared::ledger`).
+struct Ledger {
+    published: std::fs::File,
+    ran: std::fs::File,
+}
+
+impl Ledger {
+    fn open(dir: &str) -> std::io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let pid = std::process::id();
+        let open = |name: String| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(std::path::Path::new(dir).join(name))
+        };
+        Ok(Self {
+            published: open(format!("published-{pid}.txt"))?,
+            ran: open(format!("ran-{pid}.txt"))?,
+        })
+    }
+
+    fn write(mut file: &std::fs::File, text: &str) {
+        use std::io::Write;
+        if let Err(e) = file.write_all(text.as_bytes()) {
+            eprintln!("[stagedoor] ledger write failed: {e}");
+        }
+    }
 }
 
 fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -192,6 +229,9 @@ async fn handle(job: &BenchJob, Data(s): Data<Arc<Shared>>) -> HandlerOutcome {
         .await
         .push(now_ms().saturating_sub(job.enqueued_at_ms) as f64);
     s.completed.fetch_add(1, Ordering::Relaxed);
+    if let Some(l) = &s.ledger {
+        Ledger::write(&l.ran, &format!("{}:{}\n", job.origin, job.seq));
+    }
     HandlerOutcome::ack()
 }
 
@@ -204,7 +244,13 @@ fn route<R: Inbox>(url: &str, pool: u32) -> Route<R> {
 }
 
 /// The fixed-rate producer: up to `batch_max` jobs every `batch_ms`, credited on elapsed time.
-async fn producer<R: Inbox>(r: Route<R>, s: Arc<Shared>, rate: f64, batch_max: usize, batch_ms: u64) {
+async fn producer<R: Inbox>(
+    r: Route<R>,
+    s: Arc<Shared>,
+    rate: f64,
+    batch_max: usize,
+    batch_ms: u64,
+) {
     let padding = "x".repeat(env::<usize>("JOB_PAYLOAD_BYTES", 256).saturating_sub(64));
     let mut tick = tokio::time::interval(Duration::from_millis(batch_ms.max(1)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -224,6 +270,7 @@ async fn producer<R: Inbox>(r: Route<R>, s: Arc<Shared>, rate: f64, batch_max: u
             for _ in 0..n {
                 seq += 1;
                 let body = BenchJob {
+                    origin: std::process::id(),
                     seq,
                     enqueued_at_ms: now_ms(),
                     payload_padding: padding.clone(),
@@ -237,8 +284,15 @@ async fn producer<R: Inbox>(r: Route<R>, s: Arc<Shared>, rate: f64, batch_max: u
                 }
             }
             let started = Instant::now();
+            let (first, last) = (seq + 1 - n as u64, seq);
             match r.publish_jobs(jobs).await {
                 Ok(_) => {
+                    if let Some(l) = &s.ledger {
+                        let pid = std::process::id();
+                        let lines: String =
+                            (first..=last).map(|q| format!("{pid}:{q}\n")).collect();
+                        Ledger::write(&l.published, &lines);
+                    }
                     let per = started.elapsed().as_secs_f64() * 1000.0 / n as f64;
                     let mut w = s.producer.lock().await;
                     for _ in 0..n {
@@ -343,8 +397,18 @@ async fn prepare(url: &str, schema: &'static str) -> Result<(), sqlx::Error> {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match env::<String>("STAGEDOOR_TABLE", "mailer".into()).as_str() {
-        "mailer" => run::<MailJob>("stagedoor", SCHEMA, "mail_jobs", "generated id, no headers").await,
-        "text" => run::<TextJob>("stagedoor-text", TEXT_SCHEMA, "text_jobs", "text id, headers").await,
+        "mailer" => {
+            run::<MailJob>("stagedoor", SCHEMA, "mail_jobs", "generated id, no headers").await
+        }
+        "text" => {
+            run::<TextJob>(
+                "stagedoor-text",
+                TEXT_SCHEMA,
+                "text_jobs",
+                "text id, headers",
+            )
+            .await
+        }
         other => Err(format!("STAGEDOOR_TABLE is mailer or text, not {other}").into()),
     }
 }
@@ -386,6 +450,10 @@ async fn run<R: Inbox>(
         producer: Mutex::new(Window::default()),
         work: Duration::from_millis(env::<u64>("JOB_WORK_MS", 1)),
         stop: AtomicBool::new(false),
+        ledger: match std::env::var("STAGEDOOR_LEDGER_DIR") {
+            Ok(dir) => Some(Ledger::open(&dir)?),
+            Err(_) => None,
+        },
     });
 
     let service = Service::new(AppInfo::new("stagedoor-harness", env!("CARGO_PKG_VERSION")))
@@ -403,6 +471,7 @@ async fn run<R: Inbox>(
     Inspect::connect(&publisher).await?;
     let reader = route::<R>(&url, 1);
     Inspect::connect(&reader).await?;
+    let checker = reader.clone();
 
     emit(serde_json::json!({
         "kind": "descriptor", "system": system, "event_tables": [format!("public.{table}")],
@@ -434,6 +503,19 @@ async fn run<R: Inbox>(
     }
     shared.stop.store(true, Ordering::Relaxed);
     let _ = tokio::time::timeout(Duration::from_secs(3), running.shutdown()).await;
+    // What is left in the queue when this process stops (the ledger's check counts it).
+    if let Ok(st) = Inspect::stats(&checker, QUEUE).await {
+        eprintln!(
+            "[stagedoor] left at stop: {} ready, {} running, {} delayed",
+            st.ready, st.pending, st.delayed
+        );
+        if let Some(l) = &shared.ledger {
+            Ledger::write(
+                &l.ran,
+                &format!("# left {} {} {}\n", st.ready, st.pending, st.delayed),
+            );
+        }
+    }
     for t in tasks {
         t.abort();
     }
