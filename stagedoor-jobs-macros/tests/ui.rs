@@ -1,4 +1,4 @@
-//! Compile-time guarantees of stagedoor-jobs, checked with trybuild:
+//! Compile-time guarantees of stagedoor-jobs's macros, checked with trybuild:
 //!
 //! - `ui/subscriber/`: misuses of `#[subscriber]`, one per file, each failing with a message
 //!   that names the fix, on the offending tokens;
@@ -8,7 +8,7 @@
 //!   names the fix, on the offending tokens (and no other error);
 //! - `ui/pass/`: legal code that looks like a misuse, which must keep compiling (and run).
 //!
-//! Regenerate the expected errors with `TRYBUILD=overwrite cargo test --test ui`, then read
+//! Regenerate the expected errors with `TRYBUILD=overwrite cargo test -p stagedoor-jobs-macros --test ui`, then read
 //! every changed `.stderr`.
 
 #[test]
