@@ -219,7 +219,7 @@ async fn a_service_on_sqlite_reports_its_worker_and_counts() {
     reports_on(route, direct).await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_on_redis_reports_its_worker_and_counts() {
     let ns = common_redis::fresh_namespace("act");

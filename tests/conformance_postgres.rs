@@ -95,5 +95,5 @@ impl Fixture for PostgresFixture {
 
 stagedoor_jobs::conformance_tests!(
     PostgresFixture,
-    #[cfg_attr(not(stagedoor_postgres), ignore = "needs Postgres: run scripts/test-all")]
+    #[ignore = "needs Postgres: run scripts/test-all"]
 );

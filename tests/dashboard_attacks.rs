@@ -1069,7 +1069,7 @@ async fn attacks_leave_every_backend_untouched_memory() {
     attacks_on(MemoryBroker::new()).await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attacks_leave_every_backend_untouched_redis() {
     let url = common_redis::env_url("REDIS_URL");

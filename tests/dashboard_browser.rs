@@ -51,7 +51,7 @@ fn tool(var: &str, what: &str) -> PathBuf {
             p
         }
         _ => panic!(
-            "{var} is not set: it names {what}; run the tests with `scripts/test-all -- cargo test --workspace --test dashboard_browser`, which installs Debian's chromium and chromium-driver and exports it"
+            "{var} is not set: it names {what}; run the tests with `scripts/test-all -- cargo test --workspace --test dashboard_browser -- --include-ignored`, which installs Debian's chromium and chromium-driver and exports it"
         ),
     }
 }
@@ -260,7 +260,7 @@ async fn redis_broker() -> RedisBroker {
     let url = match std::env::var("REDIS_URL") {
         Ok(u) if !u.is_empty() => u,
         _ => panic!(
-            "REDIS_URL is not set: run the tests with `scripts/test-all -- cargo test --workspace --test dashboard_browser`, which starts Redis and exports it"
+            "REDIS_URL is not set: run the tests with `scripts/test-all -- cargo test --workspace --test dashboard_browser -- --include-ignored`, which starts Redis and exports it"
         ),
     };
     let broker = RedisBroker::from_url(url)
@@ -507,10 +507,7 @@ async fn queues_page_shows_the_counts<B: Broker>(broker: B) -> Browser {
     browser
 }
 
-#[cfg_attr(
-    not(stagedoor_browser),
-    ignore = "needs Chromium: run scripts/test-all"
-)]
+#[ignore = "needs Chromium: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_page_shows_the_counts_of_sqlite() {
     let _one = SERIAL.lock().await;
@@ -520,10 +517,7 @@ async fn queues_page_shows_the_counts_of_sqlite() {
     browser.close().await;
 }
 
-#[cfg_attr(
-    not(all(stagedoor_redis, stagedoor_browser)),
-    ignore = "needs Redis and Chromium: run scripts/test-all"
-)]
+#[ignore = "needs Redis and Chromium: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_page_shows_the_counts_of_redis() {
     let _one = SERIAL.lock().await;
@@ -539,10 +533,7 @@ async fn queues_page_shows_the_counts_of_redis() {
 /// From the dead-letter page: open the dead letter, press a kind's "Replay kind", read the
 /// confirmation (40 jobs), confirm; the backend then holds 3 dead letters and 40 more jobs in
 /// the queue.
-#[cfg_attr(
-    not(stagedoor_browser),
-    ignore = "needs Chromium: run scripts/test-all"
-)]
+#[ignore = "needs Chromium: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_a_kind_from_the_dead_letter_page() {
     let _one = SERIAL.lock().await;
@@ -611,10 +602,7 @@ async fn replay_a_kind_from_the_dead_letter_page() {
 
 /// A payload holding `<script>` (and an error holding an `onerror` attribute) is shown as
 /// text on the dead letter's page and in the list; neither runs.
-#[cfg_attr(
-    not(stagedoor_browser),
-    ignore = "needs Chromium: run scripts/test-all"
-)]
+#[ignore = "needs Chromium: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_script_in_a_payload_shows_as_text() {
     const SCRIPT: &str = "<script>window.__pwned = 1</script>";
@@ -692,10 +680,7 @@ async fn a_script_in_a_payload_shows_as_text() {
 /// A worker's report through Redis shows on the workers page (host, pid, service, queues,
 /// jobs in flight), its schedule on the scheduled page with the queue's delayed jobs, and its
 /// per-minute counts in the queues page's chart. Saves the screenshots of those pages.
-#[cfg_attr(
-    not(all(stagedoor_redis, stagedoor_browser)),
-    ignore = "needs Redis and Chromium: run scripts/test-all"
-)]
+#[ignore = "needs Redis and Chromium: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_schedules_and_the_chart_from_redis_reports() {
     let _one = SERIAL.lock().await;
@@ -860,10 +845,7 @@ async fn three_dead_letters() -> (
 /// purge form carrying the same value to the dashboard the browser has open: refused (403,
 /// the form came from another site), nothing purged. Before the fix the double-submit check
 /// passed (cookie = field) and the three letters were purged.
-#[cfg_attr(
-    not(stagedoor_browser),
-    ignore = "needs Chromium: run scripts/test-all"
-)]
+#[ignore = "needs Chromium: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_of_another_origin_cannot_purge() {
     let _one = SERIAL.lock().await;
@@ -906,10 +888,7 @@ async fn a_page_of_another_origin_cannot_purge() {
 /// from the dashboard's own origin with the planted value in its field is refused (403) and
 /// purges nothing; the dashboard's own confirmation still works with the planted cookie
 /// (its token is an HMAC of it). Before the fix the forged form purged the letters.
-#[cfg_attr(
-    not(stagedoor_browser),
-    ignore = "needs Chromium: run scripts/test-all"
-)]
+#[ignore = "needs Chromium: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planted_csrf_cookie_forges_nothing() {
     let _one = SERIAL.lock().await;

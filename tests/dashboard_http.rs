@@ -524,7 +524,7 @@ async fn every_route_on_memory() {
     every_route(MemoryBroker::new()).await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_route_on_redis() {
     let url = common_redis::env_url("REDIS_URL");

@@ -128,10 +128,7 @@ async fn sqlite_two_workers_page_once_per_incident() {
     one_page_per_incident(route(), route()).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_two_workers_page_once_per_incident() {
     let url = postgres_url();
@@ -187,7 +184,7 @@ fn namespace() -> String {
     format!("alert{}-{}:", std::process::id(), nanos % 1_000_000_000)
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_two_workers_page_once_per_incident() {
     let ns = namespace();
@@ -195,10 +192,7 @@ async fn redis_two_workers_page_once_per_incident() {
     one_page_per_incident(broker(), broker()).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_two_workers_page_once_per_incident() {
     let ns = namespace();

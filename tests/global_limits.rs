@@ -537,15 +537,12 @@ mod dead_worker_gives_its_permits_back {
     async fn sqlite() {
         super::dead_worker("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         super::dead_worker("postgres").await;
     }
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis() {
         super::dead_worker("redis").await;
@@ -557,23 +554,17 @@ mod global_concurrency_across_processes {
     async fn sqlite() {
         super::concurrency("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         super::concurrency("postgres").await;
     }
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis() {
         super::concurrency("redis").await;
     }
-    #[cfg_attr(
-        not(stagedoor_cluster),
-        ignore = "needs a Redis Cluster: run scripts/test-all"
-    )]
+    #[ignore = "needs a Redis Cluster: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_cluster() {
         super::concurrency("cluster").await;
@@ -585,23 +576,17 @@ mod rate_limit_across_processes {
     async fn sqlite() {
         super::rate("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         super::rate("postgres").await;
     }
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis() {
         super::rate("redis").await;
     }
-    #[cfg_attr(
-        not(stagedoor_cluster),
-        ignore = "needs a Redis Cluster: run scripts/test-all"
-    )]
+    #[ignore = "needs a Redis Cluster: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_cluster() {
         super::rate("cluster").await;
@@ -749,10 +734,7 @@ mod rate_window_counts_from_the_permit {
     async fn sqlite() {
         super::rate_window_counts_from_the_permit::<crate::common::Lite>().await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         super::rate_window_counts_from_the_permit::<crate::common::Pg>().await;

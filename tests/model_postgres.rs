@@ -176,10 +176,7 @@ impl Fixture for PostgresModel {
 const KNOWN: &[&str] = &[];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 async fn model() {
     run_model(
         PostgresModel,
@@ -200,10 +197,7 @@ async fn model() {
 /// sequences (`scripts/soak`) exhaust the server's `max_connections` ("too many clients
 /// already", seen after about 90 sequences: each left its `LISTEN` connection open).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 async fn a_released_broker_leaves_no_connection_open() {
     use stagedoor_jobs::broker::{Broker, Inspect};
     let fixture = PostgresModel;

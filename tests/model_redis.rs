@@ -325,7 +325,7 @@ const KNOWN: &[&str] = &[];
 const STANDALONE_KNOWN: &[&str] = &[];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 async fn standalone() {
     run_model(
         RedisModel::new(On::Standalone).await,
@@ -342,10 +342,7 @@ async fn standalone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 async fn cluster() {
     run_model(
         RedisModel::new(On::Cluster).await,

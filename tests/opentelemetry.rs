@@ -176,10 +176,7 @@ async fn sqlite_continues_the_publishers_trace() {
     continues_the_trace("sqlite", route.clone(), route).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_continues_the_publishers_trace() {
     let db = Pg::fresh("otel", conf_ddl::<Pg>()).await;
@@ -187,7 +184,7 @@ async fn postgres_continues_the_publishers_trace() {
     continues_the_trace("postgres", route.clone(), route).await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_continues_the_publishers_trace() {
     let broker = RedisBroker::from_url(env_url("REDIS_URL")).namespace(fresh_namespace("otel-"));

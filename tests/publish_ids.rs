@@ -464,19 +464,13 @@ async fn publish_in_reports_duplicates() {
     publish_in_reports_duplicates_sqlite().await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publish_in_returns_the_row_id() {
     publish_in_returns_the_row_id_postgres().await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_ids_fall_back_when_ids_count_down() {
     batch_ids_fall_back_when_ids_count_down_postgres().await;

@@ -1506,7 +1506,7 @@ impl Drop for OwnServer {
 
 /// The server is killed and restarted under a running worker (without persistence its jobs
 /// are lost with it); the worker reconnects and runs the jobs published after the restart.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_worker_lives_on_through_a_server_restart() {
     let _ = env_url("REDIS_URL"); // runs under scripts/test-all, which puts redis-server on PATH
@@ -1608,7 +1608,7 @@ async fn a_malformed_url_fails_start_naming_the_expected_form() {
     );
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test]
 async fn a_dead_letter_that_is_not_the_dead_stream_refuses_to_start() {
     let broker = RedisBroker::from_url(env_url("REDIS_URL")).namespace(fresh_namespace());
@@ -1703,7 +1703,7 @@ macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod standalone {
             $(
-                #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+                #[ignore = "needs Redis: run scripts/test-all"]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     super::$name(super::On::Standalone).await;
@@ -1712,7 +1712,7 @@ macro_rules! on_both {
         }
         mod cluster {
             $(
-                #[cfg_attr(not(stagedoor_cluster), ignore = "needs a Redis Cluster: run scripts/test-all")]
+                #[ignore = "needs a Redis Cluster: run scripts/test-all"]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     super::$name(super::On::Cluster).await;
@@ -1843,16 +1843,13 @@ async fn a_batch_of_many_calls_arrives_exactly_once(on: On) {
 }
 
 mod batches {
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn standalone() {
         super::a_batch_of_many_calls_arrives_exactly_once(super::On::Standalone).await;
     }
 
-    #[cfg_attr(
-        not(stagedoor_cluster),
-        ignore = "needs a Redis Cluster: run scripts/test-all"
-    )]
+    #[ignore = "needs a Redis Cluster: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn cluster() {
         super::a_batch_of_many_calls_arrives_exactly_once(super::On::Cluster).await;
@@ -1985,17 +1982,14 @@ async fn levels_published_by_another_process_are_claimed_in_order(on: On) {
 }
 
 mod priorities {
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn standalone() {
         super::levels_published_by_another_process_are_claimed_in_order(super::On::Standalone)
             .await;
     }
 
-    #[cfg_attr(
-        not(stagedoor_cluster),
-        ignore = "needs a Redis Cluster: run scripts/test-all"
-    )]
+    #[ignore = "needs a Redis Cluster: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn cluster() {
         super::levels_published_by_another_process_are_claimed_in_order(super::On::Cluster).await;

@@ -523,61 +523,49 @@ async fn an_entry_without_a_job_id_keeps_one_id(on: On) {
     assert_eq!(dead[0].envelope.id().as_str(), entry, "{dead:?}");
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_an_entry_without_a_job_id_keeps_one_id() {
     an_entry_without_a_job_id_keeps_one_id(On::Standalone).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_an_entry_without_a_job_id_keeps_one_id() {
     an_entry_without_a_job_id_keeps_one_id(On::Cluster).await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_the_attempt_counter_stops_at_the_ceiling() {
     the_attempt_counter_stops_at_the_ceiling(On::Standalone).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_the_attempt_counter_stops_at_the_ceiling() {
     the_attempt_counter_stops_at_the_ceiling(On::Cluster).await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_bad_attempts_are_dead_lettered_alone() {
     bad_attempts_are_dead_lettered_alone(On::Standalone).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_bad_attempts_are_dead_lettered_alone() {
     bad_attempts_are_dead_lettered_alone(On::Cluster).await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_reclaimed_bad_entries_are_dead_lettered_truthfully() {
     reclaimed_bad_entries_are_dead_lettered_truthfully(On::Standalone).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_reclaimed_bad_entries_are_dead_lettered_truthfully() {
     reclaimed_bad_entries_are_dead_lettered_truthfully(On::Cluster).await;

@@ -68,7 +68,7 @@ fn redis_url() -> String {
     match std::env::var("REDIS_URL") {
         Ok(u) if !u.is_empty() => u,
         _ => panic!(
-            "REDIS_URL is not set: run the tests with `scripts/test-all -- cargo test --workspace --test redis_crash`, which starts Redis and exports it"
+            "REDIS_URL is not set: run the tests with `scripts/test-all -- cargo test --workspace --test redis_crash -- --include-ignored`, which starts Redis and exports it"
         ),
     }
 }
@@ -328,7 +328,7 @@ async fn crash_child() {
 
 /// A worker SIGKILLed inside a handler: after the lease another worker reclaims the entry and
 /// runs it, attempt one higher; every job completes.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_inside_a_handler_loses_nothing() {
     let fx = Fx::new(fresh_namespace()).await;
@@ -396,7 +396,7 @@ async fn a_worker_killed_inside_a_handler_loses_nothing() {
 /// A job that aborts its worker process on every delivery: after its 3 deliveries (the default
 /// max_deliveries) it is dead-lettered on its next claim without running; every other job
 /// completes.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_that_kills_its_workers_ends_in_the_dead_stream() {
     let fx = Fx::new(fresh_namespace()).await;

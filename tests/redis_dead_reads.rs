@@ -486,7 +486,7 @@ macro_rules! on_both {
     ($($name:ident),* $(,)?) => {
         mod standalone {
             $(
-                #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+                #[ignore = "needs Redis: run scripts/test-all"]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::On::Standalone).await;
@@ -495,10 +495,7 @@ macro_rules! on_both {
         }
         mod cluster {
             $(
-                #[cfg_attr(
-                    not(stagedoor_cluster),
-                    ignore = "needs a Redis Cluster: run scripts/test-all"
-                )]
+                #[ignore = "needs a Redis Cluster: run scripts/test-all"]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name(super::On::Cluster).await;

@@ -273,7 +273,7 @@ async fn takes_a_while(msg: &Msg, Data(runs): Data<Arc<Runs>>) -> HandlerOutcome
     HandlerOutcome::ack()
 }
 
-#[cfg_attr(not(stagedoor_cluster), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cluster_failover_mid_drain_runs_no_job_twice_and_loses_none() {
     const JOBS: u64 = 150;
@@ -389,7 +389,7 @@ async fn a_cluster_failover_mid_drain_runs_no_job_twice_and_loses_none() {
 /// The serving mark is ours to rewrite: a key of another type under its name, or a `since` in
 /// the future, delays a reclaim by one lease at most and never stops it (standalone and the
 /// shared Cluster).
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test]
 async fn a_hostile_serving_mark_delays_a_reclaim_by_a_lease_at_most() {
     for junk in ["string", "future"] {

@@ -245,7 +245,7 @@ async fn takes_a_while(msg: &Msg, Data(runs): Data<Arc<Runs>>) -> HandlerOutcome
 /// them, so none runs twice; and the queue goes on within a few seconds of the server
 /// answering. The lease is the default (3 s): the restart takes longer than that, so every
 /// in-flight entry looks lapsed when the server comes back.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_restart_runs_no_job_twice_and_the_queue_resumes_at_once() {
     const JOBS: u64 = 150;
@@ -455,7 +455,7 @@ fn assert_full(what: &str, e: &BrokerError) {
 /// queue's group exists starts and drains the whole queue while the server is full: reading,
 /// acknowledging, retrying through the delayed set, moving due delayed jobs and
 /// dead-lettering all go on.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_server_keeps_draining_and_refuses_publishes_saying_so() {
     let server = OwnServer::start(
@@ -725,7 +725,7 @@ impl Drop for ChildWorker {
 /// jobs gives them back within seconds (another worker runs them well within 10 s of the
 /// kill, where a 30 s lease kept them for 30 s), while live workers keep what they hold: the
 /// child's jobs are not taken while it lives, and a handler running 8 s is not reclaimed from.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_workers_jobs_come_back_within_a_lease_and_a_slow_handler_keeps_its_own() {
     let ns = fresh_namespace("rk");
@@ -844,7 +844,7 @@ async fn a_killed_workers_jobs_come_back_within_a_lease_and_a_slow_handler_keeps
 /// `publish_once` whose publish fails (here the stream's key holds a string, so `XADD` is
 /// refused) stores nothing, its guard included: the tick is enqueued on the next try. Taking
 /// the guard first and then publishing would keep the guard and lose the tick for good.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tick_whose_publish_failed_can_be_enqueued_again() {
     let ns = fresh_namespace("ro");
@@ -912,7 +912,7 @@ async fn ack(_: &Msg) -> HandlerOutcome {
 /// clone's reading until the service starts, which measures it against the server's `TIME`;
 /// from then on the broker reads the server's time, and a delayed job is scored from it (due
 /// 2 s after the server's now, not 12 s).
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_brokers_clock_follows_the_servers_time() {
     let ns = fresh_namespace("rt");

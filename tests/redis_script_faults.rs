@@ -329,16 +329,13 @@ async fn a_junk_delayed_member_is_dead_lettered_alone(on: On) {
     assert_eq!(letters.len(), 2, "{letters:?}");
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_a_junk_delayed_member_is_dead_lettered_alone() {
     a_junk_delayed_member_is_dead_lettered_alone(On::Standalone).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_junk_delayed_member_is_dead_lettered_alone() {
     a_junk_delayed_member_is_dead_lettered_alone(On::Cluster).await;
@@ -347,7 +344,7 @@ async fn cluster_a_junk_delayed_member_is_dead_lettered_alone() {
 /// A member scored `-inf` is due at once and runs; one scored `+inf` (or past the year
 /// 9999) would never be due: it is dead-lettered, the error naming the key and its score,
 /// so that it is not kept forever unseen.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_members_scored_out_of_time() {
     let fx = Fx::new(On::Standalone).await;
@@ -458,16 +455,13 @@ async fn a_delayed_set_of_the_wrong_type(on: On) {
     assert_eq!(ids(&got), ["later"]);
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_a_delayed_set_of_the_wrong_type() {
     a_delayed_set_of_the_wrong_type(On::Standalone).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_delayed_set_of_the_wrong_type() {
     a_delayed_set_of_the_wrong_type(On::Cluster).await;
@@ -510,16 +504,13 @@ async fn a_failed_publish_can_be_retried(on: On) {
     }
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_a_failed_publish_can_be_retried() {
     a_failed_publish_can_be_retried(On::Standalone).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_failed_publish_can_be_retried() {
     a_failed_publish_can_be_retried(On::Cluster).await;
@@ -527,7 +518,7 @@ async fn cluster_a_failed_publish_can_be_retried() {
 
 /// A replay that fails (the queue's stream is a string) leaves the dead letter replayable:
 /// before, the job's id was recorded and every later replay skipped it.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_replay_can_be_retried() {
     let fx = Fx::new(On::Standalone).await;
@@ -569,7 +560,7 @@ async fn a_failed_replay_can_be_retried() {
 /// An acknowledgement that fails (the ids set is a string) changes nothing: once the key is
 /// fixed the same settlement takes effect (before, the entry was acknowledged before the
 /// failing step, and the retry was told the lease was lost).
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_acknowledgement_can_be_retried() {
     let fx = Fx::new(On::Standalone).await;
@@ -656,16 +647,13 @@ async fn a_job_with_thousands_of_headers_goes_everywhere(on: On) {
     fx.ack(&got[0]).await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_a_job_with_thousands_of_headers_goes_everywhere() {
     a_job_with_thousands_of_headers_goes_everywhere(On::Standalone).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_job_with_thousands_of_headers_goes_everywhere() {
     a_job_with_thousands_of_headers_goes_everywhere(On::Cluster).await;
@@ -674,7 +662,7 @@ async fn cluster_a_job_with_thousands_of_headers_goes_everywhere() {
 /// A big job whose worker died is reclaimed and, past `max_deliveries`, dead-lettered by the
 /// reclaim script with every header; a big entry added by hand without a `kind` is
 /// dead-lettered as malformed by the claim. Neither fails the claim.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn big_jobs_are_reclaimed_and_dead_lettered() {
     let fx = Fx::new(On::Standalone).await;
@@ -795,31 +783,31 @@ async fn a_big_entry_takes(path: &str) {
     fx.ack(&got[0]).await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_entry_is_retried_now() {
     a_big_entry_takes("retry now").await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_entry_is_retried_later() {
     a_big_entry_takes("retry later").await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_entry_is_dead_lettered() {
     a_big_entry_takes("dead letter").await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_dead_letter_is_replayed() {
     a_big_entry_takes("replay").await;
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_delayed_job_is_moved() {
     a_big_entry_takes("delayed").await;
@@ -830,7 +818,7 @@ async fn a_big_delayed_job_is_moved() {
 /// stayed with this consumer, never delivered, a delivery spent. Now it fails before claiming
 /// anything, the claim goes on, and once the key is fixed the entry is reclaimed with the
 /// right count.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaim_facing_a_dead_stream_of_the_wrong_type() {
     logs();
@@ -873,7 +861,7 @@ async fn a_reclaim_facing_a_dead_stream_of_the_wrong_type() {
 
 /// A mover's lock of the wrong type (a hash) used to read as a lock held forever: no delayed
 /// job moved and nothing said why. Now the error is logged, naming the key.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mover_lock_of_the_wrong_type_is_reported() {
     logs();
@@ -911,7 +899,7 @@ async fn a_mover_lock_of_the_wrong_type_is_reported() {
 /// Dead-lettering a malformed entry at claim time, facing an ids set of the wrong type, used
 /// to write the dead letter, acknowledge and delete the entry, then fail. Now it fails before
 /// writing anything, naming the key; once fixed, the entry is dead-lettered once.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_claim_time_dead_letter_writes_nothing() {
     let fx = Fx::new(On::Standalone).await;

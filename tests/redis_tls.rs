@@ -71,10 +71,7 @@ fn service(broker: RedisBroker, seen: &Seen) -> Service {
         })
 }
 
-#[cfg_attr(
-    not(stagedoor_redis_tls),
-    ignore = "needs a Redis with TLS: run scripts/test-all"
-)]
+#[ignore = "needs a Redis with TLS: run scripts/test-all"]
 #[tokio::test]
 async fn jobs_run_over_tls_with_a_private_authority() {
     let broker = RedisBroker::from_url_with_tls(env_url("REDIS_TLS_URL"), tls())
@@ -105,10 +102,7 @@ async fn jobs_run_over_tls_with_a_private_authority() {
     running.shutdown().await;
 }
 
-#[cfg_attr(
-    not(stagedoor_redis_tls),
-    ignore = "needs a Redis with TLS: run scripts/test-all"
-)]
+#[ignore = "needs a Redis with TLS: run scripts/test-all"]
 #[tokio::test]
 async fn an_untrusted_server_certificate_fails_start_in_one_line() {
     // The machine's store does not hold the test authority.
@@ -121,10 +115,7 @@ async fn an_untrusted_server_certificate_fails_start_in_one_line() {
     );
 }
 
-#[cfg_attr(
-    not(stagedoor_redis_tls),
-    ignore = "needs a Redis with TLS: run scripts/test-all"
-)]
+#[ignore = "needs a Redis with TLS: run scripts/test-all"]
 #[tokio::test]
 async fn no_client_certificate_fails_start_in_one_line() {
     let trusting = Tls::new().root_cert(pem("STAGEDOOR_REDIS_TLS_CA"));

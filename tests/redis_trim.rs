@@ -15,7 +15,7 @@ fn redis_url() -> String {
     match std::env::var("REDIS_URL") {
         Ok(u) if !u.is_empty() => u,
         _ => panic!(
-            "REDIS_URL is not set: run the tests with `scripts/test-all -- cargo test --workspace --test redis_trim`"
+            "REDIS_URL is not set: run the tests with `scripts/test-all -- cargo test --workspace --test redis_trim -- --include-ignored`"
         ),
     }
 }
@@ -76,7 +76,7 @@ async fn server_major(c: &mut redis::aio::MultiplexedConnection) -> u32 {
 
 /// Entries settled above one still pending wait for the trim (Redis 7), are not counted as
 /// ready meanwhile, and leave the stream once the pending one is settled.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test]
 async fn settled_entries_wait_above_a_pending_one_and_leave_with_it() {
     let (broker, mut c) = setup().await;
@@ -136,7 +136,7 @@ async fn settled_entries_wait_above_a_pending_one_and_leave_with_it() {
 
 /// Entries settled more than about a second (of entry time) above a delivery still pending
 /// are deleted at once: the stream stays bounded behind a long handler.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test]
 async fn entries_far_above_a_pending_one_are_deleted_at_once() {
     let (broker, mut c) = setup().await;
@@ -170,7 +170,7 @@ async fn entries_far_above_a_pending_one_are_deleted_at_once() {
 
 /// Retries and acknowledgements settled together, each fenced: a retry made again after its
 /// first took effect is refused and adds nothing.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test]
 async fn a_retry_settled_twice_is_added_once() {
     let (broker, mut c) = setup().await;
@@ -217,7 +217,7 @@ async fn a_retry_settled_twice_is_added_once() {
 
 /// A dead stream read as a queue deletes each settled entry at once (its length is the count
 /// of its dead letters): nothing waits for a trim there.
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test]
 async fn a_dead_stream_read_as_a_queue_deletes_each_settled_entry() {
     use stagedoor_jobs::broker::DeadLetters;

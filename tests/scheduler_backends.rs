@@ -430,23 +430,17 @@ mod exactly_once_in_one_process {
     async fn sqlite() {
         super::three_services_in_one_process("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn postgres() {
         super::three_services_in_one_process("postgres").await;
     }
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn redis() {
         super::three_services_in_one_process("redis").await;
     }
-    #[cfg_attr(
-        not(stagedoor_cluster),
-        ignore = "needs a Redis Cluster: run scripts/test-all"
-    )]
+    #[ignore = "needs a Redis Cluster: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn redis_cluster() {
         super::three_services_in_one_process("cluster").await;
@@ -552,15 +546,12 @@ mod exactly_once_in_child_processes {
     async fn sqlite() {
         super::three_child_processes("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         super::three_child_processes("postgres").await;
     }
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis() {
         super::three_child_processes("redis").await;
@@ -614,10 +605,7 @@ mod a_lagging_clock {
     async fn sqlite() {
         super::a_lagging_clock_enqueues_no_tick_twice("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         super::a_lagging_clock_enqueues_no_tick_twice("postgres").await;
@@ -1233,23 +1221,17 @@ mod delayed_job_survives_a_restart {
     async fn sqlite() {
         super::a_delayed_job_survives_a_restart_of_every_worker("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         super::a_delayed_job_survives_a_restart_of_every_worker("postgres").await;
     }
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis() {
         super::a_delayed_job_survives_a_restart_of_every_worker("redis").await;
     }
-    #[cfg_attr(
-        not(stagedoor_cluster),
-        ignore = "needs a Redis Cluster: run scripts/test-all"
-    )]
+    #[ignore = "needs a Redis Cluster: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_cluster() {
         super::a_delayed_job_survives_a_restart_of_every_worker("cluster").await;
@@ -1373,10 +1355,7 @@ mod hold_expiry_sweep {
     async fn handler_twice_sqlite() {
         the_handler_called_twice_changes_nothing_the_second_time("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn handler_twice_postgres() {
         the_handler_called_twice_changes_nothing_the_second_time("postgres").await;
@@ -1385,10 +1364,7 @@ mod hold_expiry_sweep {
     async fn two_at_once_sqlite() {
         two_sweeps_at_once("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn two_at_once_postgres() {
         two_sweeps_at_once("postgres").await;
@@ -1454,10 +1430,7 @@ mod hold_expiry_sweep {
     async fn same_tick_twice_sqlite_queue() {
         the_same_tick_twice_through_the_sql_queue("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn same_tick_twice_postgres_queue() {
         the_same_tick_twice_through_the_sql_queue("postgres").await;
@@ -1465,7 +1438,7 @@ mod hold_expiry_sweep {
 
     /// The example with its jobs on Redis (data on SQLite), live, the sweep every second: the
     /// same tick published twice, then the scheduled sweeps.
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn same_tick_twice_redis_queue() {
         let db = fresh_db("sqlite").await;
@@ -1912,9 +1885,9 @@ mod a_scheduler_dying_mid_tick {
     rows!(
         memory: "memory",
         sqlite: "sqlite",
-        postgres: "postgres" #[cfg_attr(not(stagedoor_postgres), ignore = "needs Postgres: run scripts/test-all")],
-        redis: "redis" #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")],
-        redis_cluster: "cluster" #[cfg_attr(not(stagedoor_cluster), ignore = "needs a Redis Cluster: run scripts/test-all")]
+        postgres: "postgres" #[ignore = "needs Postgres: run scripts/test-all"],
+        redis: "redis" #[ignore = "needs Redis: run scripts/test-all"],
+        redis_cluster: "cluster" #[ignore = "needs a Redis Cluster: run scripts/test-all"]
     );
 }
 
@@ -1999,23 +1972,17 @@ mod a_fast_clock {
     async fn sqlite() {
         super::a_fast_clock_runs_nothing_early("sqlite").await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres() {
         super::a_fast_clock_runs_nothing_early("postgres").await;
     }
-    #[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+    #[ignore = "needs Redis: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis() {
         super::a_fast_clock_runs_nothing_early("redis").await;
     }
-    #[cfg_attr(
-        not(stagedoor_cluster),
-        ignore = "needs a Redis Cluster: run scripts/test-all"
-    )]
+    #[ignore = "needs a Redis Cluster: run scripts/test-all"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_cluster() {
         super::a_fast_clock_runs_nothing_early("cluster").await;

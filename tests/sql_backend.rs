@@ -1332,10 +1332,7 @@ mod retry_after_without_the_column_returns_the_row_at_once {
         super::retry_after_without_the_column_returns_the_row_at_once::<crate::common::Lite>()
             .await;
     }
-    #[cfg_attr(
-        not(stagedoor_postgres),
-        ignore = "needs Postgres: run scripts/test-all"
-    )]
+    #[ignore = "needs Postgres: run scripts/test-all"]
     #[tokio::test(flavor = "current_thread")]
     async fn postgres() {
         super::retry_after_without_the_column_returns_the_row_at_once::<crate::common::Pg>().await;
@@ -1512,10 +1509,7 @@ async fn publish_in_follows_the_callers_transaction<D: Db>() {
 
 /// A claim waiting on a broker that polls once a minute returns within seconds when another
 /// broker instance (another process, as far as this one knows) publishes: LISTEN/NOTIFY.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_notify_wakes_a_waiting_claim_of_another_broker() {
     let db = Pg::fresh("wake", conf_ddl::<Pg>()).await;
@@ -1551,10 +1545,7 @@ async fn postgres_notify_wakes_a_waiting_claim_of_another_broker() {
 /// `claim` again every 500 ms (its claim wait) and each call queries before it waits, so an idle
 /// worker looks every 500 ms whatever its poll interval. The NOTIFY path itself is proven by
 /// [`postgres_notify_wakes_a_waiting_claim_of_another_broker`], which fails without it.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_worker_polling_every_minute_runs_another_process_job_within_seconds() {
     let db = Pg::fresh("wakesvc", conf_ddl::<Pg>()).await;

@@ -342,37 +342,25 @@ async fn ceiling(attempt_type: &str, capped: bool) {
     }
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_smallint_attempt_at_the_ceiling_uncapped() {
     ceiling("SMALLINT", false).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_smallint_attempt_at_the_ceiling_capped() {
     ceiling("SMALLINT", true).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_integer_attempt_at_the_ceiling_uncapped() {
     ceiling("INTEGER", false).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_integer_attempt_at_the_ceiling_capped() {
     ceiling("INTEGER", true).await;
@@ -471,10 +459,7 @@ async fn a_negative_attempt_never_gets_around_the_cap<D: Db>() {
 /// that the startup check prepared it on (which types the value as the `SMALLINT` column),
 /// it still moves the row (it failed with "incorrect binary data format"). Two connections:
 /// `LISTEN` holds one.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_dead_letter_into_a_smallint_column_on_the_checked_connection() {
     const Q: &str = "jobs";
@@ -683,10 +668,7 @@ async fn sqlite_a_text_retry_after_row_is_dead_lettered_alone() {
 }
 
 /// Postgres: a row whose `retry_after` is `-infinity` (the driver's conversion panics on it).
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_an_infinite_retry_after_row_is_dead_lettered_alone() {
     let db = Pg::fresh("inf", &jobs_ddl::<Pg>("SMALLINT")).await;

@@ -141,10 +141,7 @@ async fn old_claim_count(db: &Pg, settings: &str) -> i64 {
 /// The reproduction of the issue: under the planner's choice and with only nested loops, the
 /// old statement leases far more than 10 rows; the broker's claim, under every setting, leases
 /// exactly 10, counts an attempt on exactly those 10, and returns them.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_claim_never_leases_more_than_it_asked_for_under_any_plan() {
     let db = Pg::fresh("overclaim", "").await;
@@ -198,10 +195,7 @@ async fn postgres_claim_never_leases_more_than_it_asked_for_under_any_plan() {
 
 /// Four brokers (four processes, as far as each knows) claim 7 at a time from 1,000 rows at
 /// once: no claim returns more than 7, no row is claimed twice, every row is claimed.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_concurrent_claims_split_the_rows_without_overlap() {
     let db = Arc::new(Pg::fresh("splitclaims", PG_JOBS).await);
@@ -273,10 +267,7 @@ WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100) IN
 
 /// A row due before the floor (committed late by a long transaction, or edited by hand) is left
 /// by the bounded claims and taken by the next full claim, within about a second.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_row_below_the_floor_is_claimed_by_the_next_full_claim() {
     let db = Pg::fresh("floor", PG_JOBS).await;
@@ -326,10 +317,7 @@ async fn postgres_a_row_below_the_floor_is_claimed_by_the_next_full_claim() {
 /// A delayed row whose time came is taken by a bounded claim; the floor it leaves stays below
 /// the rows published at that moment (due a second before now), so the next bounded claim takes
 /// a job published just after, without waiting for a full claim.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_delayed_row_never_lifts_the_floor_above_new_jobs() {
     let db = Pg::fresh("floor_delayed", PG_JOBS).await;
@@ -376,10 +364,7 @@ async fn record(
 
 /// With a transaction held open (xmin pinned: no dead row can be vacuumed), a worker drains
 /// bursts of jobs published while it runs, each exactly once, and leaves the table empty.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_pinned_xmin_drains_every_job_exactly_once() {
     let db = Pg::fresh("pinned", PG_JOBS).await;
@@ -476,10 +461,7 @@ async fn worked_off_by_priority(db: &Pg) {
 /// highest level; the eighth (the fair one, in due order) the oldest rows, the normal and the
 /// low ones though high ones wait; the ninth, bounded by the floor the eighth set, high ones
 /// again.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_priority_claims_lease_exactly_what_they_asked_for_under_any_plan() {
     assert_eq!(stagedoor_jobs::FAIR_CLAIM_EVERY, 8, "the test counts to 8");
@@ -530,10 +512,7 @@ async fn postgres_priority_claims_lease_exactly_what_they_asked_for_under_any_pl
 
 /// A high row due before the floor (committed late, or edited by hand) is left by the bounded
 /// claims by priority and taken by the next full claim, at its level.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_row_below_the_floor_is_claimed_by_a_full_claim_by_priority() {
     let db = Pg::fresh("priofloor", PG_PJOBS).await;
@@ -580,10 +559,7 @@ async fn postgres_a_row_below_the_floor_is_claimed_by_a_full_claim_by_priority()
 /// A claim by priority that took as many rows as it asked for may leave older rows of lower
 /// levels behind: it must not lift the floor over them, or the bounded claims after it would
 /// take newer rows of those levels first (and leave the older to the next full claim).
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_claim_by_priority_never_lifts_the_floor_over_older_lower_rows() {
     let db = Pg::fresh("priofloor_kept", PG_PJOBS).await;
@@ -710,10 +686,7 @@ async fn round(route: &stagedoor_jobs_sqlx::SqlxRoute<sqlx::Postgres, Jobs>, wha
 /// settlements then read a few index blocks per row (their own index entries), under generic
 /// plans and custom ones: the rows are found by place (ctid), not by id, where the generic plan
 /// walks the whole due index per row.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_reads_are_sized_by_the_batch_under_stats_of_an_empty_table_and_a_pinned_xmin() {
     for (mode, settings) in [

@@ -505,10 +505,7 @@ async fn the_good_tables_start<D: Db>() {
 
 /// Postgres: a `timestamp` (without time zone) column prepares, but sqlx reads a
 /// `DateTime<Utc>` only from `timestamptz`: every claim would fail.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_timestamp_without_time_zone_is_refused() {
     let mail = Mail {

@@ -190,19 +190,13 @@ async fn a_role_with_tables_made_for_it_works() {
     role.drop(&db).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_role_missing_grants_is_refused_naming_the_fix() {
     a_role_missing_grants_is_refused_naming_the_fix().await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_role_with_tables_made_for_it_works() {
     a_role_with_tables_made_for_it_works().await;

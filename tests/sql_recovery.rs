@@ -175,10 +175,7 @@ async fn acks(_msg: &Msg) -> HandlerOutcome {
 }
 
 /// A pool of one connection publishes and drains: `LISTEN` holds a connection of its own.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_one_connection_publishes_and_drains() {
     let db = Pg::fresh("poolone", conf_ddl::<Pg>()).await;
@@ -872,10 +869,7 @@ async fn takes_1500_ms(
 /// none), and the job ran again after its lease.
 ///
 /// Runs on a current-thread runtime so that the test's log subscriber sees every event.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test]
 async fn a_renewal_whose_reply_is_lost_does_not_lose_the_row() {
     const Q: &str = "lossy";
@@ -1078,10 +1072,7 @@ async fn retries_in_a_minute(
 /// tries. That renewal finds the row released by the settlement that took effect: it must not
 /// report the lease lost ("this outcome is discarded"), and the settlement's next try reports
 /// that an earlier try may have taken effect. The row waits for its retry, as settled.
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test]
 async fn a_settlement_whose_reply_is_lost_is_not_reported_as_discarded() {
     const Q: &str = "lossy_settle";

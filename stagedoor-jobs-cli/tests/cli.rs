@@ -5,7 +5,7 @@
 //! leaves the 3; a replay by id; a purge; and bad URLs, unknown queues, ids and tables, each
 //! one line on stderr and its exit code.
 //!
-//! Run them with the servers up: `scripts/test-all -- cargo test --workspace --test cli`. A
+//! Run them with the servers up: `scripts/test-all -- cargo test --workspace --test cli -- --include-ignored`. A
 //! missing `REDIS_URL` or `DATABASE_URL` fails the test under `scripts/test-all`; a plain `cargo test`
 //! without it lists the test as ignored.
 
@@ -678,7 +678,7 @@ async fn delete_redis_namespace(ns: &str) {
 // The tests
 // ---------------------------------------------------------------------------------------------
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_dead_letters_end_to_end() {
     let url = redis_url();
@@ -693,10 +693,7 @@ async fn redis_dead_letters_end_to_end() {
     delete_redis_namespace(&ns).await;
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_dead_letters_end_to_end() {
     let schema = fresh_schema().await;
@@ -746,10 +743,7 @@ fn a_password_in_the_query_is_never_printed() {
 
 /// A server that is down, a URL that is wrong, a database or table that is not there: one
 /// line on stderr each, and the exit code for it.
-#[cfg_attr(
-    not(all(stagedoor_redis, stagedoor_postgres)),
-    ignore = "needs Redis and Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Redis and Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_urls_and_unknown_tables_give_one_line() {
     // Nothing listens on port 1.
@@ -972,10 +966,7 @@ async fn sqlite_table_without_group_column() {
 
 /// On a Redis Cluster (`--url a,b,c`), `queues` asks every node given, so queues whose keys
 /// live on different nodes are all listed; the dead-letter commands work as on one server.
-#[cfg_attr(
-    not(stagedoor_cluster),
-    ignore = "needs a Redis Cluster: run scripts/test-all"
-)]
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_cluster_lists_every_node() {
     let urls = std::env::var("REDIS_CLUSTER_URLS").unwrap_or_else(|_| {
@@ -1093,7 +1084,7 @@ async fn sqlite_cancel() {
     remove_sqlite(&path);
 }
 
-#[cfg_attr(not(stagedoor_redis), ignore = "needs Redis: run scripts/test-all")]
+#[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cancel() {
     let url = redis_url();

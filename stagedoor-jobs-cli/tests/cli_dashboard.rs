@@ -334,10 +334,7 @@ async fn only_its_own_and_allowed_host_names_are_answered() {
     assert!(err.contains("no scheme"), "{err}");
 }
 
-#[cfg_attr(
-    not(stagedoor_postgres),
-    ignore = "needs Postgres: run scripts/test-all"
-)]
+#[ignore = "needs Postgres: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_url_password_is_masked_and_read_only_refuses() {
     let db = Pg::fresh("clidash", conf_ddl::<Pg>()).await;

@@ -584,7 +584,7 @@ macro_rules! on_both {
                 async fn sqlite() {
                     super::$name::<crate::common::Lite>().await;
                 }
-                #[cfg_attr(not(stagedoor_postgres), ignore = "needs Postgres: run scripts/test-all")]
+                #[ignore = "needs Postgres: run scripts/test-all"]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn postgres() {
                     super::$name::<crate::common::Pg>().await;

@@ -40,13 +40,13 @@ impl ConnectionLike for Raw {
     }
 }
 
-/// The URL in `var`; a missing one fails the test (a plain `cargo test` without it compiles the
-/// test as ignored, unless `STAGEDOOR_TEST_SERVERS` is set, as under `scripts/test-all`).
+/// The URL in `var`; a missing one fails the test (a plain `cargo test` lists the tests that
+/// need it as ignored; `scripts/test-all` runs them with the servers up).
 pub(crate) fn env_url(var: &str) -> String {
     match std::env::var(var) {
         Ok(u) if !u.is_empty() => u,
         _ => panic!(
-            "{var} is not set: run the tests with `scripts/test-all -- cargo test --workspace --test <name>`, which starts Redis and exports it"
+            "{var} is not set: run the tests with `scripts/test-all -- cargo test --workspace --test <name> -- --include-ignored`, which starts Redis and exports it"
         ),
     }
 }
