@@ -36,7 +36,7 @@ use tokio::sync::{Notify, watch};
 use crate::runtime::ErasedRoute;
 
 /// A dead letter that went from empty to not empty: every entry there is a job that needs a
-/// person (seed 000: "a length that went from 0 to 1 at 21:14 is a page").
+/// person: a length that went from 0 to 1 is worth a page.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetterAlert {
     /// The dead letter (`jobs:dead`, `emails.dead`).

@@ -1,4 +1,4 @@
-//! DESIGN 4, caps and dead letters: a job reaches its dead letter at the cap (delayed retries
+//! Caps and dead letters: a job reaches its dead letter at the cap (delayed retries
 //! included), when its payload cannot be decoded, when no mount handles its kind, when it was
 //! claimed beyond its cap, or when the broker cannot read it back; an uncapped mount keeps the
 //! backoff's floor; the dead letter reports the attempts spent.
@@ -347,7 +347,7 @@ pub async fn job_claimed_beyond_its_cap_is_dead_lettered_without_running<F: Fixt
     app.stop().await;
 }
 
-/// A mount without a cap never hot-loops (DESIGN 9): a job that always fails there waits at
+/// A mount without a cap never hot-loops: a job that always fails there waits at
 /// least [`UNCAPPED_FLOOR`](crate::UNCAPPED_FLOOR) after each failed attempt (1 s after the
 /// first, 2 s after the second, ...), whether the mount declares no backoff (`Err` returned)
 /// or the handler asks for a shorter `retry_after`. On the paused clock the floor is exact (not
