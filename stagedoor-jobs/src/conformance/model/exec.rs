@@ -38,6 +38,9 @@ pub(super) struct Exec<'f, F: Fixture> {
     /// The ids of the jobs published at [`Junk::WRONG_TYPE_LEVEL`]: while one of them is
     /// alive, that level's stream holds it, and a [`Junk::WrongTypeKey`] edit (a `SET` over the
     /// stream) would delete it by hand: such an edit is not made then.
+    ///
+    /// [`Junk::WRONG_TYPE_LEVEL`]: crate::conformance::fixture::Junk::WRONG_TYPE_LEVEL
+    /// [`Junk::WrongTypeKey`]: crate::conformance::fixture::Junk::WrongTypeKey
     at_blocked_level: std::collections::HashSet<String>,
     claim_errors: usize,
     last_claim_error: Option<String>,
