@@ -46,7 +46,7 @@ pub(crate) const KEYS_CACHED: usize = 1024;
 /// How long the dead stream grows before it is trimmed (approximately).
 pub(crate) const DEAD_MAXLEN: u64 = 10_000;
 
-/// A job backend on Redis Streams (seed 000): one stream per queue read by a consumer group,
+/// A job backend on Redis Streams: one stream per queue read by a consumer group,
 /// delayed jobs and retries in a sorted set, a dead stream `<stream>:dead`.
 ///
 /// ```no_run
@@ -314,7 +314,7 @@ impl RedisBroker {
     }
 
     /// How many deliveries an entry may have without being settled (each one a worker that
-    /// died) before it goes to the dead stream without running again (default 3, seed 000).
+    /// died) before it goes to the dead stream without running again (default 3).
     pub fn max_deliveries(mut self, n: u32) -> Self {
         self.max_deliveries = n.max(1);
         self

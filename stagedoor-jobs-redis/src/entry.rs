@@ -1,6 +1,6 @@
 //! A job as stream entry fields, and back.
 //!
-//! Fields (seed 000's layout): `kind`, `job_id`, `attempts` (attempts spent before this entry
+//! Fields: `kind`, `job_id`, `attempts` (attempts spent before this entry
 //! was added; 0 for a new job), `payload`, `enqueued_at` (milliseconds since the epoch),
 //! `priority` (a level other than normal, `-2` to `2`: which stream it goes back to), `request_id`,
 //! `trace`, `h.<name>` for any other header. A dead entry adds `error`,

@@ -25,7 +25,7 @@ use crate::outcome::Failure;
 /// The in-memory broker. Clones share the same queues.
 ///
 /// Queues spring into being when first used; a dead letter is a queue like any other, whose
-/// jobs carry their failure (so a subscriber can read it, as seed 002's `review` does).
+/// jobs carry their failure (so a subscriber of the dead letter can read it).
 #[derive(Clone, Debug)]
 pub struct MemoryBroker {
     inner: Arc<Inner>,

@@ -36,7 +36,7 @@ use tokio::sync::{Notify, watch};
 use crate::runtime::ErasedRoute;
 
 /// A dead letter that went from empty to not empty: every entry there is a job that needs a
-/// person (seed 000: "a length that went from 0 to 1 at 21:14 is a page").
+/// person: a length that went from 0 to 1 is worth a page.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetterAlert {
     /// The dead letter (`jobs:dead`, `emails.dead`).
@@ -116,41 +116,13 @@ pub(crate) async fn run(
     hook: Option<AlertHook>,
     mut stop: watch::Receiver<bool>,
 ) {
-    // Dead letters and the queues that fail into them, per route.
-    let mut watched: Vec<Watched> = Vec::new();
-    for r in routes {
-        let mut queues: Vec<String> = Vec::new();
-        let mut dead: HashMap<String, Vec<String>> = HashMap::new();
-        for m in r.mounts() {
-            if !queues.contains(&m.queue) {
-                queues.push(m.queue.clone());
-            }
-            let target = m
-                .dead_letter
-                .clone()
-                .unwrap_or_else(|| r.default_dead_letter(&m.queue));
-            let from = dead.entry(target).or_default();
-            if !from.contains(&m.queue) {
-                from.push(m.queue.clone());
-            }
-        }
-        watched.push((r, queues, dead));
-    }
+    let watched: Vec<Watched> = routes.into_iter().map(watched).collect();
     let mut last: HashMap<String, u64> = HashMap::new();
     // This monitor's name as the owner of the page locks it takes.
     let token = format!("monitor-{}", uuid::Uuid::now_v7().simple());
     loop {
         for (route, queues, dead) in &watched {
-            for q in queues {
-                if let Ok(s) = route.stats(q).await {
-                    metrics::gauge!("stagedoor_jobs_queue_depth", "queue" => q.clone())
-                        .set(s.ready as f64);
-                    metrics::gauge!("stagedoor_jobs_queue_pending", "queue" => q.clone())
-                        .set(s.pending as f64);
-                    metrics::gauge!("stagedoor_jobs_queue_delayed", "queue" => q.clone())
-                        .set(s.delayed as f64);
-                }
-            }
+            sample_queues(route.as_ref(), queues).await;
             for (d, from) in dead {
                 let Ok(len) = route.dead_len(d).await else {
                     continue;
@@ -165,24 +137,7 @@ pub(crate) async fn run(
                         length: len,
                         at: Utc::now(),
                     };
-                    match claim_page(route.as_ref(), d, &token).await {
-                        Page::Mine | Page::FailOpen => {
-                            tracing::error!(
-                                dead_letter = %alert.dead_letter,
-                                queues = ?alert.queues,
-                                length = alert.length,
-                                "a dead letter went from empty to {len}: every entry there is a job that needs a person"
-                            );
-                            if let Some(h) = &hook {
-                                h(&alert);
-                            }
-                        }
-                        Page::Taken => tracing::info!(
-                            dead_letter = %alert.dead_letter,
-                            length = alert.length,
-                            "a dead letter went from empty to {len}: another worker has paged for it"
-                        ),
-                    }
+                    page(route.as_ref(), &alert, &token, hook.as_ref()).await;
                 }
             }
         }
@@ -191,5 +146,68 @@ pub(crate) async fn run(
             _ = dead_lettered.notified() => {}
             _ = stop.changed() => return,
         }
+    }
+}
+
+/// The queues of `r`'s mounts, and its dead letters with the queues that fail into them.
+fn watched(r: Arc<dyn ErasedRoute>) -> Watched {
+    let mut queues: Vec<String> = Vec::new();
+    let mut dead: HashMap<String, Vec<String>> = HashMap::new();
+    for m in r.mounts() {
+        if !queues.contains(&m.queue) {
+            queues.push(m.queue.clone());
+        }
+        let target = m
+            .dead_letter
+            .clone()
+            .unwrap_or_else(|| r.default_dead_letter(&m.queue));
+        let from = dead.entry(target).or_default();
+        if !from.contains(&m.queue) {
+            from.push(m.queue.clone());
+        }
+    }
+    (r, queues, dead)
+}
+
+/// Sets the depth, pending and delayed gauges of each of `queues` (a queue whose stats
+/// cannot be read keeps its last values).
+async fn sample_queues(route: &dyn ErasedRoute, queues: &[String]) {
+    for q in queues {
+        if let Ok(s) = route.stats(q).await {
+            metrics::gauge!("stagedoor_jobs_queue_depth", "queue" => q.clone()).set(s.ready as f64);
+            metrics::gauge!("stagedoor_jobs_queue_pending", "queue" => q.clone())
+                .set(s.pending as f64);
+            metrics::gauge!("stagedoor_jobs_queue_delayed", "queue" => q.clone())
+                .set(s.delayed as f64);
+        }
+    }
+}
+
+/// Pages for `alert` (an error logged, the hook called) when this worker takes the dead
+/// letter's page lock, or cannot tell; logs at info level when another worker has paged.
+async fn page(
+    route: &dyn ErasedRoute,
+    alert: &DeadLetterAlert,
+    token: &str,
+    hook: Option<&AlertHook>,
+) {
+    let (d, len) = (&alert.dead_letter, alert.length);
+    match claim_page(route, d, token).await {
+        Page::Mine | Page::FailOpen => {
+            tracing::error!(
+                dead_letter = %alert.dead_letter,
+                queues = ?alert.queues,
+                length = alert.length,
+                "a dead letter went from empty to {len}: every entry there is a job that needs a person"
+            );
+            if let Some(h) = hook {
+                h(alert);
+            }
+        }
+        Page::Taken => tracing::info!(
+            dead_letter = %alert.dead_letter,
+            length = alert.length,
+            "a dead letter went from empty to {len}: another worker has paged for it"
+        ),
     }
 }

@@ -18,15 +18,15 @@ use crate::subscription::{IntoSubscriber, QueueDescriptor, QueueFor};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnDecodeError {
     /// A failed attempt like any other (it spends attempts and reaches the dead letter at the
-    /// cap) (seed 002).
+    /// cap).
     #[default]
     Retry,
-    /// Dead-letter at once: another attempt would decode the same bytes (seed 000). Needs a
+    /// Dead-letter at once: another attempt would decode the same bytes. Needs a
     /// dead letter on the mount.
     DeadLetter,
 }
 
-/// The default number of handlers of one mount running at once (seed 000's 8 slots).
+/// The default number of handlers of one mount running at once (8 slots).
 pub const DEFAULT_CONCURRENCY: usize = 8;
 
 /// One mounted subscriber, as the runtime runs it.

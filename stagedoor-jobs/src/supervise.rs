@@ -1,4 +1,4 @@
-//! Supervision of long-running tasks (issue 11: no silent stop).
+//! Supervision of long-running tasks: none of them stops without a trace.
 //!
 //! Every long-running task of a service (each queue's claim loop, the metrics monitor, the
 //! scheduler) runs under [`supervise`](self): a panic (or the task ending by itself while the

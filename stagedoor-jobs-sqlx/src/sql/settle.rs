@@ -104,7 +104,7 @@ fn build_dead_group(n: &Names) -> Stmt {
 
 /// A row just copied into a table: no lease, due now, the error and headers of the move.
 /// A replayed row starts counting again (`replayed`: its next delivery is 1); a dead
-/// letter stores the attempts it spent (seed 002: "payload and attempt as they were").
+/// letter keeps its payload and the attempts it spent, as they were.
 fn build_clear(n: &Names, replayed: bool) -> Stmt {
     let (t, locked) = (&n.t, &n.locked);
     let mut s = Stmt::default();

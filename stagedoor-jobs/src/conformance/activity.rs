@@ -220,6 +220,35 @@ pub async fn reported_counts_add_up_per_queue_and_minute<F: Fixture>(fixture: F)
     );
 }
 
+/// Publishes `j` straight to `broker`, stamped at the broker's time; returns its id.
+async fn publish_direct<B: Broker>(broker: &B, j: crate::Job) -> String {
+    let queue = j.queue().to_owned();
+    let (_, envelope, at) = j.into_parts(broker.clock().now());
+    let id = envelope.id().to_string();
+    broker
+        .publish(&queue, vec![(envelope, at)])
+        .await
+        .expect("publish");
+    id
+}
+
+/// Claims the one due job of `queue`, which must be `id`, and settles it as a retry in
+/// `delay`.
+async fn claim_and_retry<B: Broker>(broker: &B, queue: &str, id: &str, delay: Duration) {
+    let mut claimed = broker
+        .claim(queue, 1, Duration::from_secs(2))
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1, "the due job is claimed");
+    let delivery = claimed.remove(0);
+    assert_eq!(delivery.envelope.id().to_string(), id);
+    let failure = Failure::new(FailureCause::Error, "try again", "");
+    broker
+        .settle(queue, &delivery, Settlement::Retry { delay, failure })
+        .await
+        .expect("settle");
+}
+
 /// `delayed(q, limit)` lists only the jobs of `q` due later than now (delayed publishes and
 /// delayed retries), soonest first, at most `limit`, each with its id, kind, due time and the
 /// attempt it will run as.
@@ -231,40 +260,10 @@ pub async fn delayed_lists_future_jobs_soonest_first<F: Fixture>(fixture: F) {
         direct.prepare(q).await.expect("prepare");
     }
     let now = direct.clock().now();
-    let publish = |j: crate::Job| {
-        let direct = direct.clone();
-        async move {
-            let queue = j.queue().to_owned();
-            let (_, envelope, at) = j.into_parts(direct.clock().now());
-            let id = envelope.id().to_string();
-            direct
-                .publish(&queue, vec![(envelope, at)])
-                .await
-                .expect("publish");
-            id
-        }
-    };
+    let publish = |j: crate::Job| publish_direct(&direct, j);
     // A job to retry: claimed at once, then retried in 45 s (it runs again as attempt 2).
     let retried = publish(job(Q, 5)).await;
-    let mut claimed = direct
-        .claim(Q, 1, Duration::from_secs(2))
-        .await
-        .expect("claim");
-    assert_eq!(claimed.len(), 1, "the due job is claimed");
-    let delivery = claimed.remove(0);
-    assert_eq!(delivery.envelope.id().to_string(), retried);
-    let failure = Failure::new(FailureCause::Error, "try again", "");
-    direct
-        .settle(
-            Q,
-            &delivery,
-            Settlement::Retry {
-                delay: Duration::from_secs(45),
-                failure,
-            },
-        )
-        .await
-        .expect("settle");
+    claim_and_retry(&direct, Q, &retried, Duration::from_secs(45)).await;
 
     let due_now = publish(job(Q, 1)).await;
     let in_60 = publish(job(Q, 2).after(Duration::from_secs(60))).await;

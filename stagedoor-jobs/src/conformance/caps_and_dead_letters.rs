@@ -1,4 +1,4 @@
-//! DESIGN 4, caps and dead letters: a job reaches its dead letter at the cap (delayed retries
+//! Caps and dead letters: a job reaches its dead letter at the cap (delayed retries
 //! included), when its payload cannot be decoded, when no mount handles its kind, when it was
 //! claimed beyond its cap, or when the broker cannot read it back; an uncapped mount keeps the
 //! backoff's floor; the dead letter reports the attempts spent.
@@ -88,7 +88,15 @@ pub async fn cap_reached_moves_the_job_to_its_dead_letter<F: Fixture>(fixture: F
         d.failed_at,
         app.now()
     );
-    assert_eq!(d.envelope.id(), &id);
+    assert_cap_envelope_kept(d, &id);
+    assert_eq!(direct.dead_len(&dl).await.expect("dead_len"), 1);
+    app.stop().await;
+}
+
+/// The dead letter of [`cap_reached_moves_the_job_to_its_dead_letter`] holds the envelope as
+/// published: its id, kind, payload, request id and trace.
+fn assert_cap_envelope_kept(d: &crate::broker::DeadLetter, id: &crate::JobId) {
+    assert_eq!(d.envelope.id(), id);
     assert_eq!(d.envelope.kind(), "invoice");
     assert_eq!(
         d.envelope.payload(),
@@ -100,8 +108,6 @@ pub async fn cap_reached_moves_the_job_to_its_dead_letter<F: Fixture>(fixture: F
         Some("req-cap-7")
     );
     assert_eq!(d.envelope.headers().trace.as_deref(), Some("trace-cap-7"));
-    assert_eq!(direct.dead_len(&dl).await.expect("dead_len"), 1);
-    app.stop().await;
 }
 
 /// A delayed retry counts against the cap like an immediate one: `retry_after` on every attempt
@@ -341,7 +347,7 @@ pub async fn job_claimed_beyond_its_cap_is_dead_lettered_without_running<F: Fixt
     app.stop().await;
 }
 
-/// A mount without a cap never hot-loops (DESIGN 9): a job that always fails there waits at
+/// A mount without a cap never hot-loops: a job that always fails there waits at
 /// least [`UNCAPPED_FLOOR`](crate::UNCAPPED_FLOOR) after each failed attempt (1 s after the
 /// first, 2 s after the second, ...), whether the mount declares no backoff (`Err` returned)
 /// or the handler asks for a shorter `retry_after`. On the paused clock the floor is exact (not
@@ -374,30 +380,7 @@ pub async fn uncapped_mount_retries_no_faster_than_the_floor<F: Fixture>(fixture
         );
     }
     if fixture.paused() {
-        app.advance(floor(1) - ms(1)).await;
-        for n in [1, 2] {
-            assert_eq!(probe.attempts_of(n), [Some(1)], "job {n}: not before 1 s");
-        }
-        app.advance(ms(1)).await;
-        for n in [1, 2] {
-            assert_eq!(probe.attempts_of(n), [Some(1), Some(2)], "job {n}: at 1 s");
-        }
-        app.advance(floor(2) - ms(1)).await;
-        for n in [1, 2] {
-            assert_eq!(
-                probe.attempts_of(n),
-                [Some(1), Some(2)],
-                "job {n}: not before 2 s more"
-            );
-        }
-        app.advance(ms(1)).await;
-        for n in [1, 2] {
-            assert_eq!(
-                probe.attempts_of(n),
-                [Some(1), Some(2), Some(3)],
-                "job {n}: at 2 s more"
-            );
-        }
+        assert_floor_exact(&app, &probe).await;
     } else {
         app.advance(ms(1500)).await;
         for n in [1, 2] {
@@ -429,6 +412,39 @@ pub async fn uncapped_mount_retries_no_faster_than_the_floor<F: Fixture>(fixture
         );
     }
     app.stop().await;
+}
+
+/// On the paused clock, jobs 1 and 2 of [`uncapped_mount_retries_no_faster_than_the_floor`]
+/// (each failed once) run again exactly at the floor: not 1 ms before 1 s, at 1 s, not 1 ms
+/// before 2 s more, at 2 s more.
+async fn assert_floor_exact(app: &crate::testing::TestApp, probe: &Probe) {
+    use crate::Backoff;
+    let floor = |attempt: u32| crate::UNCAPPED_FLOOR.delay(attempt);
+    let ms = Duration::from_millis;
+    app.advance(floor(1) - ms(1)).await;
+    for n in [1, 2] {
+        assert_eq!(probe.attempts_of(n), [Some(1)], "job {n}: not before 1 s");
+    }
+    app.advance(ms(1)).await;
+    for n in [1, 2] {
+        assert_eq!(probe.attempts_of(n), [Some(1), Some(2)], "job {n}: at 1 s");
+    }
+    app.advance(floor(2) - ms(1)).await;
+    for n in [1, 2] {
+        assert_eq!(
+            probe.attempts_of(n),
+            [Some(1), Some(2)],
+            "job {n}: not before 2 s more"
+        );
+    }
+    app.advance(ms(1)).await;
+    for n in [1, 2] {
+        assert_eq!(
+            probe.attempts_of(n),
+            [Some(1), Some(2), Some(3)],
+            "job {n}: at 2 s more"
+        );
+    }
 }
 
 /// "A row that cannot be claimed is dead-lettered alone": a stored job the broker cannot read

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::fixture::Fixture;
 use super::support::*;
 use crate::Subscriber;
-use crate::broker::Locks;
+use crate::broker::{Broker, Locks};
 use crate::testing::Outcome;
 
 fn tokens(prefix: &str, n: usize) -> Vec<String> {
@@ -71,8 +71,12 @@ pub async fn permits_hold_a_pool_to_its_limit<F: Fixture>(fixture: F) {
         held, 3,
         "a-2, a-3, a-4 are held; a token never taken is not"
     );
+    permits_run_out_unless_renewed(&broker).await;
+    twenty_takers_share_a_pool_of_five(&broker).await;
+}
 
-    // A permit not renewed runs out after its time.
+/// A permit not renewed runs out after its time (a pool of 1, permits of 300 ms).
+async fn permits_run_out_unless_renewed<B: Broker>(broker: &B) {
     let short = "cf_permits_short";
     let s = tokens("s", 2);
     let ms300 = Duration::from_millis(300);
@@ -95,8 +99,10 @@ pub async fn permits_hold_a_pool_to_its_limit<F: Fixture>(fixture: F) {
         1,
         "a permit past its time frees its place"
     );
+}
 
-    // Twenty takers at once, each on its own clone, on a pool of 5.
+/// Twenty takers at once, each on its own clone, on a pool of 5, take 5 in all.
+async fn twenty_takers_share_a_pool_of_five<B: Broker>(broker: &B) {
     let crowd = "cf_permits_crowd";
     let mut takers = tokio::task::JoinSet::new();
     for i in 0..20 {

@@ -146,7 +146,8 @@ async fn run_seed<F: Fixture>(
         Ok(ran) => return Ok(ran),
         Err(f) => f,
     };
-    let (small, last) = shrink::shrink(fixture, run, skip, ops.clone(), &failed).await;
+    let retry = move |ops: Vec<Op>| async move { run_once(fixture, run, skip, &ops).await };
+    let (small, last) = shrink::shrink(retry, ops.clone(), &failed).await;
     Err(format!(
         "model test on {backend}: seed {seed} fails: [{kind}] {message}\n\
          shrunk from {n} to {m} steps; the shrunk sequence fails with: [{kind2}] {message2}\n{steps}\

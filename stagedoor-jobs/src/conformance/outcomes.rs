@@ -1,4 +1,4 @@
-//! DESIGN 3, outcomes: what each answer of a handler does to its job (`ack`, `Ok(())`, `retry`
+//! Outcomes: what each answer of a handler does to its job (`ack`, `Ok(())`, `retry`
 //! with and without a backoff, `retry_after`, `drop`, an error with its source chain, a panic)
 //! and how attempts are numbered.
 

@@ -84,11 +84,14 @@ pub async fn priority_claims_higher_first_and_fifo_among_equals<F: Fixture>(fixt
     );
 
     assert_empty_direct(&direct, Q, "after the priorities").await;
+    level_kept_through_delay_retry_and_replay(&broker, &direct, &format!("{Q}_kept")).await;
+}
 
-    // On another queue (its claims counted afresh: none of these is the fair one), a delayed
-    // high job, due after two normal ones are published: once due, it goes first.
-    let kept = format!("{Q}_kept");
-    let (q, dead) = (kept.as_str(), broker.default_dead_letter(&kept));
+/// On queue `kept` (its claims counted afresh: none of these is the fair one), a delayed
+/// high job, due after two normal ones are published: once due, it goes first; retried at
+/// once, and replayed from its dead letter, it comes back at its level, ahead of them.
+async fn level_kept_through_delay_retry_and_replay<B: Broker>(broker: &B, direct: &B, kept: &str) {
+    let (q, dead) = (kept, broker.default_dead_letter(kept));
     direct.prepare(q).await.expect("prepare");
     direct
         .publish_job(job(q, 10).priority(Priority::HIGH).after(DELAY))
@@ -97,7 +100,7 @@ pub async fn priority_claims_higher_first_and_fifo_among_equals<F: Fixture>(fixt
     direct.publish_job(job(q, 11)).await.expect("publish");
     direct.publish_job(job(q, 12)).await.expect("publish");
     tokio::time::sleep(DELAY + MARGIN).await;
-    let (n, p, d) = claim_one(&direct, q).await;
+    let (n, p, d) = claim_one(direct, q).await;
     assert_eq!(
         (n, p),
         (10, Priority::HIGH),
@@ -116,7 +119,7 @@ pub async fn priority_claims_higher_first_and_fifo_among_equals<F: Fixture>(fixt
         )
         .await
         .expect("settle");
-    let (n, p, d) = claim_one(&direct, q).await;
+    let (n, p, d) = claim_one(direct, q).await;
     assert_eq!(
         (n, p, d.envelope.attempt()),
         (10, Priority::HIGH, 2),
@@ -139,19 +142,19 @@ pub async fn priority_claims_higher_first_and_fifo_among_equals<F: Fixture>(fixt
         .await
         .expect("replay");
     assert_eq!(report.replayed, 1, "{report:?}");
-    let (n, p, d) = claim_one(&direct, q).await;
+    let (n, p, d) = claim_one(direct, q).await;
     assert_eq!(
         (n, p),
         (10, Priority::HIGH),
         "the replayed job is claimed first, at its level"
     );
-    ack(&direct, q, &d).await;
+    ack(direct, q, &d).await;
     for want in [11, 12] {
-        let (n, p, d) = claim_one(&direct, q).await;
+        let (n, p, d) = claim_one(direct, q).await;
         assert_eq!((n, p), (want, Priority::NORMAL));
-        ack(&direct, q, &d).await;
+        ack(direct, q, &d).await;
     }
-    assert_empty_direct(&direct, q, "after the delay, the retry and the replay").await;
+    assert_empty_direct(direct, q, "after the delay, the retry and the replay").await;
 }
 
 /// Two low jobs published before a flood of high ones are not starved: the older (at the

@@ -171,10 +171,6 @@ impl fmt::Display for Op {
 /// hundreds of milliseconds, fewer of them).
 pub(super) fn generate(seed: u64, len: usize) -> Vec<Op> {
     let mut rng = fastrand::Rng::with_seed(seed);
-    let delay = |rng: &mut fastrand::Rng| match rng.u8(0..4) {
-        0 | 1 => Duration::ZERO,
-        _ => Duration::from_millis(100 * rng.u64(1..=12)),
-    };
     let mut ops = Vec::with_capacity(len);
     for step in 0..len {
         let id = format!("j{step}");
@@ -212,13 +208,7 @@ pub(super) fn generate(seed: u64, len: usize) -> Vec<Op> {
             },
             60..=74 => Op::Settle {
                 pick: rng.usize(0..64),
-                how: match rng.u8(0..5) {
-                    0 => How::Ack,
-                    1 => How::Drop,
-                    2 => How::RetryNow,
-                    3 => How::RetryAfter(Duration::from_millis(100 * rng.u64(1..=10))),
-                    _ => How::DeadLetter,
-                },
+                how: how(&mut rng),
             },
             75..=77 => Op::Renew {
                 pick: rng.usize(0..64),
@@ -250,4 +240,23 @@ pub(super) fn generate(seed: u64, len: usize) -> Vec<Op> {
         ops.push(op);
     }
     ops
+}
+
+/// A publish's delay: none half the time, else 100 ms to 1.2 s.
+fn delay(rng: &mut fastrand::Rng) -> Duration {
+    match rng.u8(0..4) {
+        0 | 1 => Duration::ZERO,
+        _ => Duration::from_millis(100 * rng.u64(1..=12)),
+    }
+}
+
+/// A settlement's outcome, each equally likely.
+fn how(rng: &mut fastrand::Rng) -> How {
+    match rng.u8(0..5) {
+        0 => How::Ack,
+        1 => How::Drop,
+        2 => How::RetryNow,
+        3 => How::RetryAfter(Duration::from_millis(100 * rng.u64(1..=10))),
+        _ => How::DeadLetter,
+    }
 }

@@ -1,32 +1,33 @@
 //! Shrinking a failing sequence: delta debugging over its steps.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
-use super::exec::Failed;
+use super::exec::{Failed, Ran};
 use super::ops::Op;
-use super::{ModelRun, run_once};
-use crate::conformance::fixture::Fixture;
 
 /// The most re-runs one shrink may take, and its time.
 const MAX_RUNS: usize = 200;
 const MAX_TIME: Duration = Duration::from_secs(120);
 
 /// Removes chunks of `ops` (halves, then quarters, ... single steps) while what is left still
-/// fails with the same kind as `failed`, each try on a fresh broker. Returns the smallest
-/// failing sequence found and its failure.
-pub(super) async fn shrink<F: Fixture>(
-    fixture: &F,
-    run: &ModelRun,
-    skip: &[String],
+/// fails with the same kind as `failed`, each try run by `run_once` (on a fresh broker).
+/// Returns the smallest failing sequence found and its failure.
+pub(super) async fn shrink<R, Fut>(
+    mut run_once: R,
     mut ops: Vec<Op>,
     failed: &Failed,
-) -> (Vec<Op>, Failed) {
+) -> (Vec<Op>, Failed)
+where
+    R: FnMut(Vec<Op>) -> Fut,
+    Fut: Future<Output = Result<Ran, Failed>>,
+{
     let started = Instant::now();
     let mut last = failed.clone();
     // Everything after the failing step is not needed to fail there (the end's drain is).
     if let Some(step) = failed.step {
         let cut = ops[..=step].to_vec();
-        if let Err(f) = run_once(fixture, run, skip, &cut).await
+        if let Err(f) = run_once(cut.clone()).await
             && f.kind == failed.kind
         {
             ops = cut;
@@ -44,7 +45,7 @@ pub(super) async fn shrink<F: Fixture>(
             let mut candidate = ops[..start].to_vec();
             candidate.extend_from_slice(&ops[end..]);
             runs += 1;
-            match run_once(fixture, run, skip, &candidate).await {
+            match run_once(candidate.clone()).await {
                 Err(f) if f.kind == failed.kind => {
                     ops = candidate;
                     last = f;

@@ -3,11 +3,15 @@
 //!
 //! The files, by concern:
 //! - `builder.rs`: `AppInfo` and the `Service` builder;
-//! - `start.rs`: the checks before starting, `Service::start`, and running until a signal;
+//! - `checks.rs`: the checks before starting that need no I/O, and the warning for a mount
+//!   without a cap;
+//! - `start.rs`: `Service::start` (hooks, connections, the brokers' checks, the tasks), and
+//!   running until a signal;
 //! - `running.rs`: a started service (`Running`), its shutdown, and the clock sync task;
 //! - `error.rs`: `ServiceError`.
 
 mod builder;
+mod checks;
 mod error;
 mod running;
 mod start;
