@@ -11,7 +11,7 @@ use stagedoor_jobs::activity::{MinuteCounts, WorkerReport, minute_of};
 use stagedoor_jobs::broker::mask_url;
 use stagedoor_jobs::{Activity, BrokerError, DeadLetter, DeadLetters, DeadSelector, QueueStats};
 
-use crate::Dashboard;
+use crate::builder::Dashboard;
 use crate::security::{Keys, Sessions, Throttle};
 
 tokio::task_local! {
