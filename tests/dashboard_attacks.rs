@@ -9,10 +9,10 @@
 //! download is checked on every backend in `dashboard_http.rs` (`every_route`).
 
 mod common;
+mod common_dashboard;
 #[allow(dead_code)]
 mod common_redis;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,10 +20,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::http::{Request, StatusCode, header};
 use chrono::{DateTime, Utc};
-use http_body_util::BodyExt;
+use common_dashboard::{Resp, Web, query};
 use serde_json::json;
 use stagedoor_jobs::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport};
 use stagedoor_jobs::broker::Settlement;
@@ -32,98 +31,6 @@ use stagedoor_jobs::{
     Inspect, Job, JobId, MemoryBroker, Publish, QueueStats, ReplayReport,
 };
 use stagedoor_jobs_dashboard::{Auth, Dashboard};
-use tower::ServiceExt;
-
-/// A response, its body as text.
-#[derive(Debug)]
-struct Resp {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-/// Sends `req` to `router`.
-async fn send(router: &Router, req: Request<Body>) -> Resp {
-    let resp = router.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    Resp {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-    }
-}
-
-/// A browser of one dashboard: keeps its cookies, sends extra headers on every request.
-struct Web {
-    router: Router,
-    cookies: BTreeMap<String, String>,
-    headers: Vec<(&'static str, String)>,
-    client: Option<SocketAddr>,
-}
-
-impl Web {
-    fn new(router: Router) -> Self {
-        Self {
-            router,
-            cookies: BTreeMap::new(),
-            headers: Vec::new(),
-            client: None,
-        }
-    }
-
-    fn header(mut self, name: &'static str, value: &str) -> Self {
-        self.headers.push((name, value.to_owned()));
-        self
-    }
-
-    async fn send(&mut self, mut req: Request<Body>) -> Resp {
-        if !self.cookies.is_empty() {
-            let c: Vec<String> = self
-                .cookies
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            req.headers_mut()
-                .insert(header::COOKIE, c.join("; ").parse().unwrap());
-        }
-        for (k, v) in &self.headers {
-            req.headers_mut().insert(*k, v.parse().unwrap());
-        }
-        if let Some(c) = self.client {
-            req.extensions_mut().insert(ConnectInfo(c));
-        }
-        let r = send(&self.router, req).await;
-        for sc in r.headers.get_all(header::SET_COOKIE) {
-            let sc = sc.to_str().unwrap();
-            let (kv, attrs) = sc.split_once(';').unwrap_or((sc, ""));
-            let (k, v) = kv.split_once('=').unwrap();
-            if attrs.contains("Max-Age=0") {
-                self.cookies.remove(k);
-            } else {
-                self.cookies.insert(k.to_owned(), v.to_owned());
-            }
-        }
-        r
-    }
-
-    async fn get(&mut self, uri: &str) -> Resp {
-        self.send(Request::get(uri).body(Body::empty()).unwrap())
-            .await
-    }
-
-    async fn post(&mut self, uri: &str, form: &[(&str, &str)]) -> Resp {
-        let body = query(form);
-        self.send(
-            Request::post(uri)
-                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-                .body(Body::from(body))
-                .unwrap(),
-        )
-        .await
-    }
-}
 
 /// The value of the hidden `csrf` field of a page's form.
 #[track_caller]
@@ -133,25 +40,6 @@ fn form_token(body: &str) -> String {
         .unwrap_or_else(|| panic!("no CSRF field in:\n{body}"));
     let rest = &body[at + r#"name="csrf" value=""#.len()..];
     rest[..rest.find('"').unwrap()].to_owned()
-}
-
-fn query(pairs: &[(&str, &str)]) -> String {
-    let enc = |s: &str| -> String {
-        s.bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect()
-    };
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
-        .collect::<Vec<_>>()
-        .join("&")
 }
 
 /// Queue `mail` with `dead` jobs dead-lettered to `mail.dead` (kind `welcome`, ids `m-<n>`),

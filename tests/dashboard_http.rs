@@ -10,18 +10,18 @@
 //! plain `cargo test` without it lists the test as ignored.
 
 mod common;
+mod common_dashboard;
 #[allow(dead_code)]
 mod common_redis;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::http::{Request, StatusCode, header};
 use chrono::Utc;
 use common::{ConfRow, Db, conf_ddl};
-use http_body_util::BodyExt;
+use common_dashboard::{Web, enc};
 use serde_json::{Value, json};
 use stagedoor_jobs::activity::{
     MinuteCounts, QueueCounts, REPORT_TTL, ScheduleReport, WorkerQueue, WorkerReport,
@@ -32,138 +32,8 @@ use stagedoor_jobs::{
     Publish,
 };
 use stagedoor_jobs_dashboard::{Auth, Dashboard, ServeError};
-use tower::ServiceExt;
 
 const SCRIPT: &str = "<script>alert('pwned')</script>";
-
-/// A response, its body as text.
-#[derive(Debug)]
-struct Resp {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: String,
-}
-
-impl Resp {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
-    }
-
-    /// How many times `needle` occurs in the body.
-    fn count(&self, needle: &str) -> usize {
-        self.body.matches(needle).count()
-    }
-}
-
-/// A browser of one dashboard: keeps the cookies it is given and sends them back.
-struct Web {
-    router: Router,
-    cookies: BTreeMap<String, String>,
-    authorization: Option<String>,
-    /// The CSRF token of the last form read (bound to the cookie and the session).
-    token: Option<String>,
-}
-
-impl Web {
-    fn new(router: Router) -> Self {
-        Self {
-            router,
-            cookies: BTreeMap::new(),
-            authorization: None,
-            token: None,
-        }
-    }
-
-    async fn send(&mut self, mut req: Request<Body>) -> Resp {
-        if !self.cookies.is_empty() {
-            let c: Vec<String> = self
-                .cookies
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            req.headers_mut()
-                .insert(header::COOKIE, c.join("; ").parse().unwrap());
-        }
-        if let Some(a) = &self.authorization {
-            req.headers_mut()
-                .insert(header::AUTHORIZATION, a.parse().unwrap());
-        }
-        let resp = self.router.clone().oneshot(req).await.unwrap();
-        for sc in resp.headers().get_all(header::SET_COOKIE) {
-            let sc = sc.to_str().unwrap();
-            let (kv, attrs) = sc.split_once(';').unwrap_or((sc, ""));
-            let (k, v) = kv.split_once('=').unwrap();
-            if attrs.contains("Max-Age=0") {
-                self.cookies.remove(k);
-            } else {
-                self.cookies.insert(k.to_owned(), v.to_owned());
-            }
-        }
-        let status = resp.status();
-        let headers = resp.headers().clone();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let body = String::from_utf8(bytes.to_vec()).unwrap();
-        const FIELD: &str = r#"name="csrf" value=""#;
-        if let Some(at) = body.find(FIELD) {
-            let rest = &body[at + FIELD.len()..];
-            self.token = rest.find('"').map(|end| rest[..end].to_owned());
-        }
-        Resp {
-            status,
-            headers,
-            body,
-        }
-    }
-
-    async fn get(&mut self, uri: &str) -> Resp {
-        self.send(Request::get(uri).body(Body::empty()).unwrap())
-            .await
-    }
-
-    async fn post(&mut self, uri: &str, form: &[(&str, &str)]) -> Resp {
-        let body = query(form);
-        self.send(
-            Request::post(uri)
-                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-                .body(Body::from(body))
-                .unwrap(),
-        )
-        .await
-    }
-
-    /// The CSRF token of the last form the dashboard showed (an HMAC of its cookie and the
-    /// session, never the cookie itself); a page with a form must have been read first.
-    fn csrf(&self) -> String {
-        self.token
-            .clone()
-            .expect("a page with a form (and its CSRF token) was read first")
-    }
-}
-
-fn query(pairs: &[(&str, &str)]) -> String {
-    let mut s = String::new();
-    for (k, v) in pairs {
-        if !s.is_empty() {
-            s.push('&');
-        }
-        s.push_str(k);
-        s.push('=');
-        s.push_str(&enc(v));
-    }
-    s
-}
-
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
 
 /// The text of the first `data-field="<field>"` element after `anchor` (tags inside skipped).
 #[track_caller]

@@ -7,9 +7,9 @@ use std::io::Write;
 use stagedoor_jobs::Broker;
 use stagedoor_jobs_dashboard::{Auth, Dashboard, ServeError};
 
-use super::DashboardArgs;
-use super::backend::Ctx;
-use super::error::{FAILED, Failure, OK};
+use crate::args::DashboardArgs;
+use crate::ctx::Ctx;
+use crate::error::{FAILED, Failure, OK};
 
 /// What the command checked before connecting: the credentials, and that the address may be
 /// served with them.

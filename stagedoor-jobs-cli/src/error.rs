@@ -59,6 +59,14 @@ impl Failure {
     }
 }
 
+/// A broker's error at connect (code 3), without the variant's prefix.
+pub(crate) fn connect_error(e: BrokerError) -> Failure {
+    match e {
+        BrokerError::Connection(m) => Failure::connect(m),
+        other => Failure::connect(other.to_string()),
+    }
+}
+
 /// `text` on one line: line breaks and runs of blanks become one space.
 pub(crate) fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")

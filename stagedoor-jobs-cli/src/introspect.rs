@@ -7,7 +7,7 @@
 use sqlx::Row as _;
 use stagedoor_jobs::inbox::{Column, ColumnType, Table, is_plain_identifier};
 
-use super::error::Failure;
+use crate::error::Failure;
 
 /// One column as the database describes it.
 #[derive(Clone, Debug)]
@@ -51,22 +51,36 @@ pub(crate) fn check_identifier(what: &str, name: &str) -> Result<(), Failure> {
     }
 }
 
-/// The layout of table `name` from its columns. Errors name the missing column and the fix.
-pub(crate) fn layout(
-    schema: Option<&str>,
-    name: &str,
-    columns: &[ColumnInfo],
-    group_column: Option<&str>,
-) -> Result<Table, Failure> {
-    let find = |n: &str| columns.iter().find(|c| c.name == n);
-    let not_a_job_table = |what: String| {
+/// The columns of table `name`, looked up by the role each plays.
+struct Roles<'a> {
+    name: &'a str,
+    columns: &'a [ColumnInfo],
+}
+
+impl Roles<'_> {
+    fn find(&self, n: &str) -> Option<&ColumnInfo> {
+        self.columns.iter().find(|c| c.name == n)
+    }
+
+    fn not_a_job_table(&self, what: String) -> Failure {
         Failure::connect(format!(
-            "table `{name}` is not a job table stagedoor-jobs can read: {what} (job tables use the column names id, name or queue, attempt, retry_after, locked_until, payload, and optionally enqueued_at, last_error, headers, priority)"
+            "table `{}` is not a job table stagedoor-jobs can read: {what} (job tables use the column names id, name or queue, attempt, retry_after, locked_until, payload, and optionally enqueued_at, last_error, headers, priority)",
+            self.name
         ))
-    };
-    let required =
-        |n: &str| find(n).ok_or_else(|| not_a_job_table(format!("it has no `{n}` column")));
-    let role = |c: &ColumnInfo, want: &[ColumnType], generated: bool| -> Result<Column, Failure> {
+    }
+
+    fn required(&self, n: &str) -> Result<&ColumnInfo, Failure> {
+        self.find(n)
+            .ok_or_else(|| self.not_a_job_table(format!("it has no `{n}` column")))
+    }
+
+    /// Column `c` in a role that takes the types `want` (a time role reads text as times).
+    fn role(
+        &self,
+        c: &ColumnInfo,
+        want: &[ColumnType],
+        generated: bool,
+    ) -> Result<Column, Failure> {
         match kind_of(c) {
             Some(k) if want.contains(&k) => Ok(Column {
                 name: leak(&c.name),
@@ -77,53 +91,77 @@ pub(crate) fn layout(
                     k
                 },
             }),
-            _ => Err(not_a_job_table(format!(
+            _ => Err(self.not_a_job_table(format!(
                 "its column `{}` has the type `{}`, which this tool cannot read for that role",
                 c.name, c.ty
             ))),
         }
-    };
-    let time = [ColumnType::Timestamp, ColumnType::Text];
-    let text = [ColumnType::Text];
-    let optional = |n: &str, want: &[ColumnType]| -> Result<Option<Column>, Failure> {
-        find(n).map(|c| role(c, want, c.has_default)).transpose()
-    };
+    }
 
-    let id_info = required("id")?;
-    let id_kind = kind_of(id_info);
-    let id = match id_kind {
-        Some(ColumnType::Integer) => role(id_info, &[ColumnType::Integer], true)?,
-        Some(ColumnType::Text) => role(id_info, &text, false)?,
-        _ => {
-            return Err(not_a_job_table(format!(
+    fn optional(&self, n: &str, want: &[ColumnType]) -> Result<Option<Column>, Failure> {
+        self.find(n)
+            .map(|c| self.role(c, want, c.has_default))
+            .transpose()
+    }
+
+    /// The `id` column: an integer (generated) or text.
+    fn id(&self) -> Result<Column, Failure> {
+        let info = self.required("id")?;
+        match kind_of(info) {
+            Some(ColumnType::Integer) => self.role(info, &[ColumnType::Integer], true),
+            Some(ColumnType::Text) => self.role(info, &TEXT, false),
+            _ => Err(self.not_a_job_table(format!(
                 "its `id` column has the type `{}`: an id is an integer or text",
-                id_info.ty
-            )));
+                info.ty
+            ))),
         }
-    };
-    let group = match group_column {
-        Some(g) => {
-            let c = find(g).ok_or_else(|| {
-                Failure::not_found(format!(
-                    "table `{name}` has no column `{g}` (given with --group-column)"
-                ))
-            })?;
-            Some(role(c, &text, false)?)
+    }
+
+    /// The group column: `given` (`--group-column`), else `name`, else `queue`, else none.
+    fn group(&self, given: Option<&str>) -> Result<Option<Column>, Failure> {
+        match given {
+            Some(g) => {
+                let c = self.find(g).ok_or_else(|| {
+                    Failure::not_found(format!(
+                        "table `{}` has no column `{g}` (given with --group-column)",
+                        self.name
+                    ))
+                })?;
+                Some(self.role(c, &TEXT, false)).transpose()
+            }
+            None => self
+                .find("name")
+                .or_else(|| self.find("queue"))
+                .map(|c| self.role(c, &TEXT, false))
+                .transpose(),
         }
-        None => find("name")
-            .or_else(|| find("queue"))
-            .map(|c| role(c, &text, false))
-            .transpose()?,
-    };
-    let attempt = optional("attempt", &[ColumnType::Integer])?;
-    let retry_after = optional("retry_after", &time)?;
-    let locked_until = Some(role(required("locked_until")?, &time, false)?);
-    let payload_info = required("payload")?;
-    let payload = role(payload_info, &[ColumnType::Bytes, ColumnType::Text], false)?;
-    let enqueued_at = optional("enqueued_at", &time)?;
-    let last_error = optional("last_error", &text)?;
-    let headers = optional("headers", &text)?;
-    let priority = optional("priority", &[ColumnType::Integer])?;
+    }
+}
+
+/// The types a time column may have (text is read as times).
+const TIME: [ColumnType; 2] = [ColumnType::Timestamp, ColumnType::Text];
+/// A text column's type.
+const TEXT: [ColumnType; 1] = [ColumnType::Text];
+
+/// The layout of table `name` from its columns. Errors name the missing column and the fix.
+pub(crate) fn layout(
+    schema: Option<&str>,
+    name: &str,
+    columns: &[ColumnInfo],
+    group_column: Option<&str>,
+) -> Result<Table, Failure> {
+    let r = Roles { name, columns };
+    let id = r.id()?;
+    let group = r.group(group_column)?;
+    let attempt = r.optional("attempt", &[ColumnType::Integer])?;
+    let retry_after = r.optional("retry_after", &TIME)?;
+    let locked_until = Some(r.role(r.required("locked_until")?, &TIME, false)?);
+    let payload_info = r.required("payload")?;
+    let payload = r.role(payload_info, &[ColumnType::Bytes, ColumnType::Text], false)?;
+    let enqueued_at = r.optional("enqueued_at", &TIME)?;
+    let last_error = r.optional("last_error", &TEXT)?;
+    let headers = r.optional("headers", &TEXT)?;
+    let priority = r.optional("priority", &[ColumnType::Integer])?;
     let names: Vec<&'static str> = columns
         .iter()
         .filter(|c| is_plain_identifier(&c.name))

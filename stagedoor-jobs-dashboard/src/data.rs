@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::activity::{MinuteCounts, WorkerReport, minute_of};
-use stagedoor_jobs::broker::mask_url;
+use stagedoor_jobs::broker::{mask_url, named_dead_letter};
 use stagedoor_jobs::{Activity, BrokerError, DeadLetter, DeadLetters, DeadSelector, QueueStats};
 
-use crate::Dashboard;
+use crate::builder::Dashboard;
 use crate::security::{Keys, Sessions, Throttle};
 
 tokio::task_local! {
@@ -247,8 +247,7 @@ impl<B: Backend> App<B> {
         }
         let suffixed = self
             .dead_suffix()
-            .and_then(|s| name.strip_suffix(s.as_str()).map(str::is_empty))
-            == Some(false);
+            .is_some_and(|s| named_dead_letter(name, &s));
         suffixed || self.broker().default_dead_letter(name) == name
     }
 
@@ -257,8 +256,8 @@ impl<B: Backend> App<B> {
         let suffix = self.dead_suffix();
         let source = suffix
             .as_deref()
+            .filter(|s| named_dead_letter(name, s))
             .and_then(|s| name.strip_suffix(s))
-            .filter(|s| !s.is_empty())
             .map(str::to_owned);
         let dead = match &self.dashboard.dead_rule {
             Some(rule) => rule(name),

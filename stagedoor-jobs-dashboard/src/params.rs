@@ -1,4 +1,10 @@
-//! Query strings and forms, with repeated fields (`id=a&id=b`).
+//! Query strings and forms, with repeated fields (`id=a&id=b`), and the bounds on them.
+
+/// A query string or a form body longer than this is refused unread: a selection of 1,000 ids
+/// of up to 56 characters fits (a URI longer than 64 KB is refused by the HTTP layer itself).
+pub(crate) const MAX_INPUT: usize = 60 * 1024;
+/// A selection holds at most this many ids.
+pub(crate) const MAX_SELECTED: usize = 1_000;
 
 /// The fields of a query string or an `application/x-www-form-urlencoded` body, in order.
 #[derive(Clone, Debug, Default)]

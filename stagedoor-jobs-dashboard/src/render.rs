@@ -8,8 +8,9 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use maud::{DOCTYPE, Markup, html};
 
+use crate::auth::Auth;
 use crate::data::{App, Backend};
-use crate::security::{Auth, ReqCtx};
+use crate::security::ReqCtx;
 
 /// The tabs of the header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -434,6 +434,12 @@ pub trait DeadLetters: Inspect {
     fn default_dead_letter(&self, queue: &str) -> String;
 }
 
+/// Whether `name` is named as a dead letter by `suffix` (`emails.dead` by `.dead`): it ends
+/// with the suffix, after a queue's name. The rule [`ensure_dead_letter`] applies first.
+pub fn named_dead_letter(name: &str, suffix: &str) -> bool {
+    name.len() > suffix.len() && name.ends_with(suffix)
+}
+
 /// Refuses an operator's replay or purge of `name` unless it is a dead letter, so that no
 /// tool (a dashboard trusting its URL, a script with a typo) moves or deletes the jobs of a
 /// live queue. A dead letter is named as the backend names them (`suffix`: `.dead` for
@@ -447,8 +453,7 @@ pub async fn ensure_dead_letter<B: Activity>(
     suffix: &str,
     declared: &[String],
 ) -> Result<(), BrokerError> {
-    let named = name.len() > suffix.len() && name.ends_with(suffix);
-    if named || declared.iter().any(|d| d == name) {
+    if named_dead_letter(name, suffix) || declared.iter().any(|d| d == name) {
         return Ok(());
     }
     let mut known: Vec<String> = declared.to_vec();

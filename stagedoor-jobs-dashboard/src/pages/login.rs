@@ -10,9 +10,13 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::{Markup, html};
 
+use super::refusal::{csrf_refused, form as read_form, refusal, throttled};
+use crate::auth::{Auth, token_eq};
 use crate::data::{App, Backend};
 use crate::render::{self, Tab};
-use crate::security::{Auth, ReqCtx, SESSION_COOKIE, SESSION_TTL, token_eq};
+use crate::security::ReqCtx;
+use crate::security::request::SESSION_COOKIE;
+use crate::security::sessions::SESSION_TTL;
 
 /// The sign-in form.
 fn form(ctx: &ReqCtx, error: Option<&str>) -> Markup {
@@ -89,15 +93,15 @@ pub(crate) async fn submit<B: Backend>(
     let Some(Auth::Token(secret)) = &app.dashboard.auth else {
         return Redirect::to(&ctx.home()).into_response();
     };
-    let form_data = match super::form(&app, &ctx, &body) {
+    let form_data = match read_form(&app, &ctx, &body) {
         Ok(f) => f,
         Err(resp) => return resp,
     };
     if !ctx.csrf_ok(form_data.get("csrf")) {
-        return super::csrf_refused(&app, &ctx);
+        return csrf_refused(&app, &ctx);
     }
     if let Some(wait) = app.throttle.blocked(ctx.client) {
-        return super::throttled(&app, &ctx, wait);
+        return throttled(&app, &ctx, wait);
     }
     if !form_data
         .get("token")
@@ -116,7 +120,7 @@ pub(crate) async fn submit<B: Backend>(
         );
     }
     let Some(session) = app.sessions.start() else {
-        return super::refusal(
+        return refusal(
             &app,
             &ctx,
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -139,12 +143,12 @@ pub(crate) async fn logout<B: Backend>(
     Extension(ctx): Extension<ReqCtx>,
     body: Bytes,
 ) -> Response {
-    let form_data = match super::form(&app, &ctx, &body) {
+    let form_data = match read_form(&app, &ctx, &body) {
         Ok(f) => f,
         Err(resp) => return resp,
     };
     if !ctx.csrf_ok(form_data.get("csrf")) {
-        return super::csrf_refused(&app, &ctx);
+        return csrf_refused(&app, &ctx);
     }
     if let Some(s) = &ctx.session {
         app.sessions.end(s);

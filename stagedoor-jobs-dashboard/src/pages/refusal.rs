@@ -1,11 +1,5 @@
-//! The pages and JSON endpoints, one file each.
-
-pub(crate) mod assets;
-pub(crate) mod dead;
-pub(crate) mod login;
-pub(crate) mod queues;
-pub(crate) mod scheduled;
-pub(crate) mod workers;
+//! The pages that say no: no such page, a refused request (CSRF, read-only, another site,
+//! another host, too large, too many attempts), a form too large to read.
 
 use std::sync::Arc;
 
@@ -16,8 +10,10 @@ use axum::response::Response;
 use maud::html;
 
 use crate::data::{App, Backend};
+use crate::params::{MAX_INPUT, MAX_SELECTED, Params};
 use crate::render::{self, Tab};
 use crate::security::ReqCtx;
+use crate::security::throttle::{GUESSES_IN_TOTAL, GUESSES_PER_CLIENT};
 
 /// Any other path: a page that says so, with the tabs to go on from.
 pub(crate) async fn not_found<B: Backend>(
@@ -75,11 +71,11 @@ pub(crate) fn form<B: Backend>(
     app: &App<B>,
     ctx: &ReqCtx,
     body: &[u8],
-) -> Result<crate::params::Params, Response> {
-    if body.len() > crate::security::MAX_INPUT {
+) -> Result<Params, Response> {
+    if body.len() > MAX_INPUT {
         return Err(too_large(app, ctx, StatusCode::PAYLOAD_TOO_LARGE));
     }
-    Ok(crate::params::Params::parse(body))
+    Ok(Params::parse(body))
 }
 
 /// 421: the `Host` is none the dashboard answers to (a DNS rebinding, or a name to allow).
@@ -108,8 +104,8 @@ pub(crate) fn cross_site_refused<B: Backend>(app: &App<B>, ctx: &ReqCtx, why: &s
 pub(crate) fn too_large<B: Backend>(app: &App<B>, ctx: &ReqCtx, status: StatusCode) -> Response {
     let message = format!(
         "The request is larger than {} KB, more than any form of this dashboard sends: nothing was read or changed. Select fewer dead letters (at most {}), or replay or purge them by kind or all at once.",
-        crate::security::MAX_INPUT / 1024,
-        dead::MAX_SELECTED
+        MAX_INPUT / 1024,
+        MAX_SELECTED
     );
     refusal(app, ctx, status, "Too large", &message)
 }
@@ -123,8 +119,7 @@ pub(crate) fn throttled<B: Backend>(
     let secs = wait.as_secs().max(1);
     let message = format!(
         "Too many wrong tokens or passwords were tried (at most {} a minute per client, {} in all): this attempt was not checked. Try again in {secs}s.",
-        crate::security::GUESSES_PER_CLIENT,
-        crate::security::GUESSES_IN_TOTAL
+        GUESSES_PER_CLIENT, GUESSES_IN_TOTAL
     );
     let mut resp = refusal(
         app,
