@@ -53,7 +53,6 @@ const KNOWN_VIOLATIONS: &[&str] = &[
     "circle stagedoor-jobs-cli {crate, backend, commands, dashboard}",
     "circle stagedoor-jobs-dashboard {crate, data, pages, pages::dead, pages::login, pages::queues, pages::scheduled, pages::workers, render, security}",
     "circle stagedoor-jobs-sqlx {batch, floor, route}",
-    "circle stagedoor-jobs-sqlx {columns, columns::postgres, columns::sqlite}",
     "circle stagedoor-jobs-sqlx {sql, sql::claim, sql::inspect, sql::publish, sql::settle}",
     "file stagedoor-jobs-cli/src/commands.rs",
     "file stagedoor-jobs-dashboard/src/pages/dead.rs",

@@ -4,7 +4,6 @@
 use syn::{FnArg, ItemFn, PatType, Receiver, ReturnType, Type};
 
 use super::attr::Attrs;
-use crate::ctxt::display;
 
 /// One typed argument of the handler.
 pub(crate) type Arg<'a> = &'a PatType;
@@ -66,6 +65,7 @@ impl<'a> Handler<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ctxt::display;
     use syn::parse_quote;
     #[test]
     fn splits_message_and_extractors() {
