@@ -32,13 +32,16 @@
 //! type rules. Each database's catalog is read by its dialect (`dialect/postgres.rs`,
 //! `dialect/sqlite.rs`) into a [`Layout`].
 
-use stagedoor_jobs::inbox::{Column, ColumnType, Table};
+use stagedoor_jobs::inbox::Table;
 
-use crate::catalog::{Found, Layout};
+use crate::catalog::Layout;
 use crate::dialect::sealed::Sealed;
 
 mod postgres;
+mod role;
 mod sqlite;
+
+use role::{Role, ident};
 
 /// Every problem of `table`'s column types, each naming the column; none when the table
 /// cannot be read (the statements' preparation reports a missing table). A column missing
@@ -69,35 +72,6 @@ async fn checked<DB: Sealed>(pool: &sqlx::Pool<DB>, table: &Table, copied: bool)
             tracing::warn!(table = table.name, error = %e, "cannot read the table's columns; checking its statements only");
             Vec::new()
         }
-    }
-}
-
-/// A role of the row and its column.
-struct Role {
-    role: &'static str,
-    column: Column,
-}
-
-/// The name as written in a fix: bare when lower case (the usual), quoted otherwise.
-fn ident(name: &str) -> String {
-    if name.bytes().any(|b| b.is_ascii_uppercase()) {
-        format!("\"{name}\"")
-    } else {
-        name.to_owned()
-    }
-}
-
-/// The field's Rust type, as the message names it.
-fn rust(role: &Role) -> &'static str {
-    match (role.role, role.column.ty) {
-        ("id", ColumnType::Integer) => "an integer id the database fills",
-        ("id", _) if role.column.generated => "a `String` id the database fills",
-        ("id", _) => "a `String` id the publisher mints",
-        ("attempt", _) => "an integer",
-        (_, ColumnType::Integer) => "an integer",
-        (_, ColumnType::Text) => "`String`",
-        (_, ColumnType::Bytes) => "`Vec<u8>`",
-        (_, ColumnType::Timestamp) => "`DateTime<Utc>`",
     }
 }
 
@@ -236,7 +210,9 @@ pub(crate) fn compare(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::catalog::Found;
     use crate::sql::Flavor;
+    use stagedoor_jobs::inbox::{Column, ColumnType};
 
     fn found(name: &str, declared: &str, base: &str, not_null: bool, has_default: bool) -> Found {
         Found {

@@ -8,7 +8,7 @@ use quote::ToTokens;
 use syn::punctuated::Punctuated;
 use syn::{Attribute, Expr, Ident, Lit, LitStr, Meta, Token};
 
-use super::model::Role;
+use super::role::Role;
 use crate::ctxt::{Ctxt, display};
 
 /// The keys `#[inbox(..)]` accepts, for the messages that reject one.

@@ -7,7 +7,8 @@
 use syn::{GenericParam, Type};
 
 use super::attr::TABLE_ATTR_HELP;
-use super::model::{Role, Row, Shape};
+use super::model::{Row, Shape};
+use super::role::Role;
 use crate::ctxt::{Ctxt, display};
 
 /// Whether `name` is a plain SQL identifier: a letter or `_`, then letters, digits or `_`, at

@@ -41,7 +41,8 @@ use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{DeriveInput, Ident, LitStr};
 
-use super::model::{Role, Row};
+use super::model::Row;
+use super::role::Role;
 
 /// The path every name of the expansion goes through.
 fn private() -> TokenStream {

@@ -2,6 +2,7 @@
 //!
 //! - [`attr`] parses `#[inbox(..)]` and `#[field(..)]`;
 //! - [`model`] splits the item into its table attributes and its fields, each with its role;
+//! - [`role`] names the roles a column plays;
 //! - [`check`] validates the row;
 //! - [`expand`] writes the `Inbox` impl.
 //!
@@ -12,6 +13,7 @@ mod attr;
 mod check;
 mod expand;
 mod model;
+mod role;
 
 use proc_macro2::TokenStream;
 use quote::quote;

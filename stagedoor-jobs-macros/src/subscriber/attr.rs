@@ -5,12 +5,8 @@ use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
 use syn::{Expr, Ident, Lit, LitStr, Token};
 
-use super::model::Queue;
+use super::queue::{QUEUE_HELP, Queue};
 use crate::ctxt::Ctxt;
-
-/// What the queue may be, for the messages that reject one.
-pub(crate) const QUEUE_HELP: &str =
-    "the queue is a name (`\"emails\"`) or a queue descriptor (`Stream::new(\"jobs\")`)";
 
 /// The keys accepted after the queue, for the messages that reject one.
 const KEYS_HELP: &str =

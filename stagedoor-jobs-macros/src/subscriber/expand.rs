@@ -67,7 +67,8 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{Ident, Lifetime, LitStr, Type, TypeBareFn, TypeReference};
 
-use super::model::{Handler, Queue};
+use super::model::Handler;
+use super::queue::Queue;
 
 /// The lifetime of the `for<..>` binder of the expansion's `where` clauses.
 const BINDER: &str = "'__stagedoor";

@@ -1,8 +1,8 @@
 //! `#[subscriber(QUEUE)]`: an `async fn` handler made into a mountable subscriber.
 //!
 //! - [`attr`] parses the attribute's arguments;
-//! - [`model`] splits the function into its parts (message, extractors, result) and classifies
-//!   the queue;
+//! - [`model`] splits the function into its parts (message, extractors, result);
+//! - [`queue`] classifies the queue;
 //! - [`check`] validates the signature;
 //! - [`expand`] writes the subscriber.
 //!
@@ -14,6 +14,7 @@ mod attr;
 mod check;
 mod expand;
 mod model;
+mod queue;
 
 use proc_macro2::TokenStream;
 use quote::quote;

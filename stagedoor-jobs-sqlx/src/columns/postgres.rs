@@ -3,7 +3,8 @@
 
 use stagedoor_jobs::inbox::ColumnType;
 
-use super::{Found, Role, ident, rust};
+use super::role::{Role, ident, rust};
+use crate::catalog::Found;
 
 const PG_INTEGERS: [&str; 3] = ["int2", "int4", "int8"];
 const PG_TEXTS: [&str; 5] = ["text", "varchar", "bpchar", "citext", "name"];

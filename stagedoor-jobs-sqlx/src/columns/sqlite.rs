@@ -4,7 +4,8 @@
 
 use stagedoor_jobs::inbox::ColumnType;
 
-use super::{Found, Layout, Role, rust};
+use super::role::{Role, rust};
+use crate::catalog::{Found, Layout};
 
 /// SQLite's type affinity of a declared type (the rules of section 3.1 of its datatype page).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
