@@ -247,7 +247,12 @@ pub async fn delayed_lists_future_jobs_soonest_first<F: Fixture>(fixture: F) {
     // A job to retry: claimed at once, then retried in 45 s (it runs again as attempt 2).
     let retried = publish(job(Q, 5)).await;
     let mut claimed = direct
-        .claim(Q, 1, Duration::from_secs(2))
+        .claim(
+            Q,
+            1,
+            Duration::from_secs(2),
+            crate::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(claimed.len(), 1, "the due job is claimed");

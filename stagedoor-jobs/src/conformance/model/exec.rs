@@ -612,7 +612,16 @@ impl<'f, F: Fixture> Exec<'f, F> {
     /// Claims up to `max` and checks each delivery against the model. Returns how many.
     async fn claim(&mut self, max: usize) -> Result<usize, Failed> {
         let t0 = self.now();
-        let got = call("claim", self.broker.claim(QUEUE, max, Duration::ZERO)).await?;
+        let got = call(
+            "claim",
+            self.broker.claim(
+                QUEUE,
+                max,
+                Duration::ZERO,
+                crate::broker::ClaimOrder::Priority,
+            ),
+        )
+        .await?;
         let t1 = self.now();
         let deliveries = match got {
             Ok(d) => d,
@@ -1109,10 +1118,17 @@ impl<'f, F: Fixture> Exec<'f, F> {
                 ),
             )
         };
-        let claimed =
-            tokio::time::timeout(OUTAGE_LIMIT, self.broker.claim(QUEUE, 1, Duration::ZERO))
-                .await
-                .map_err(|_| hung("a claim"))?;
+        let claimed = tokio::time::timeout(
+            OUTAGE_LIMIT,
+            self.broker.claim(
+                QUEUE,
+                1,
+                Duration::ZERO,
+                crate::broker::ClaimOrder::Priority,
+            ),
+        )
+        .await
+        .map_err(|_| hung("a claim"))?;
         if let Ok(d) = claimed {
             return Err(fail(
                 "answered while down",
