@@ -487,12 +487,6 @@ impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
         settlement: Settlement,
     ) -> Result<Settled, BrokerError> {
         let settled = self.settle_row(queue, delivery, settlement).await;
-        if settled.is_err() {
-            delivery
-                .receipt
-                .settle_failed
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-        }
         self.broker.noted(settled)
     }
 

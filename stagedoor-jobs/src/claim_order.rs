@@ -29,7 +29,10 @@ impl FairTurn {
     /// The order of the next claim.
     pub fn order(&self) -> ClaimOrder {
         let taken = self.taken.load(std::sync::atomic::Ordering::Relaxed);
-        if taken.wrapping_add(1).is_multiple_of(crate::FAIR_CLAIM_EVERY) {
+        if taken
+            .wrapping_add(1)
+            .is_multiple_of(crate::FAIR_CLAIM_EVERY)
+        {
             ClaimOrder::Due
         } else {
             ClaimOrder::Priority

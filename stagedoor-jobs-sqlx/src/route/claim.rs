@@ -296,20 +296,13 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         };
         match renew_in::<DB>(&mut conn, &stmts, &v).await {
             Ok((n, at)) => {
+                // A renewal answers renewed or lost, nothing else: after a settlement whose
+                // reply was lost, "lost" may mean that settlement took effect, and the
+                // runtime's settle path tries it again to tell (its fence answers).
                 let renewed = n == 1;
                 if renewed {
                     receipt.confirmed(new);
                     receipt.moved(at);
-                } else if receipt
-                    .settle_failed
-                    .load(std::sync::atomic::Ordering::SeqCst)
-                {
-                    // Not "lost": the settlement tried before may have taken effect
-                    // (released or deleted the row) and only its reply was lost. The
-                    // settlement's next try tells.
-                    return Err(BrokerError::Backend(
-                        "the row is no longer leased to this delivery: the settlement tried before may have taken effect (its reply was lost)".to_owned(),
-                    ));
                 }
                 Ok(renewed)
             }
