@@ -80,7 +80,12 @@ async fn the_memory_counter_saturates_at_max_attempt() {
         broker.connect().await.expect("connect");
         stored_with_attempts(&broker, "q", stored).await;
         let got = broker
-            .claim("q", 1, Duration::from_millis(100))
+            .claim(
+                "q",
+                1,
+                Duration::from_millis(100),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert_eq!(got.len(), 1);

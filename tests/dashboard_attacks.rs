@@ -55,7 +55,16 @@ async fn seed(b: &MemoryBroker, dead: usize, payload: &serde_json::Value) {
         })
         .collect();
     b.publish_jobs(jobs).await.unwrap();
-    for d in b.claim("mail", dead, Duration::ZERO).await.unwrap() {
+    for d in b
+        .claim(
+            "mail",
+            dead,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .unwrap()
+    {
         b.settle(
             "mail",
             &d,
@@ -706,7 +715,16 @@ async fn passwords_in_a_letters_error_are_masked() {
     ])
     .await
     .unwrap();
-    for d in b.claim("mail", 1, Duration::ZERO).await.unwrap() {
+    for d in b
+        .claim(
+            "mail",
+            1,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .unwrap()
+    {
         b.settle(
             "mail",
             &d,
@@ -767,7 +785,12 @@ async fn dead_four<B: Broker>(b: &B) -> String {
             "claimed {settled} of 4"
         );
         for d in b
-            .claim("mail", 4 - settled, Duration::from_millis(200))
+            .claim(
+                "mail",
+                4 - settled,
+                Duration::from_millis(200),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim")
         {
@@ -876,7 +899,12 @@ async fn attacks_on<B: Broker>(b: B) {
     while running.is_empty() {
         assert!(std::time::Instant::now() < deadline, "claimed nothing");
         running = b
-            .claim("mail", 1, Duration::from_millis(200))
+            .claim(
+                "mail",
+                1,
+                Duration::from_millis(200),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
     }
@@ -984,7 +1012,16 @@ async fn a_dead_letter_a_worker_declares_is_one() {
     b.publish_jobs((0..2).map(|n| Job::new("mail.dlq", &n).unwrap()))
         .await
         .unwrap();
-    for d in b.claim("mail.dlq", 2, Duration::ZERO).await.unwrap() {
+    for d in b
+        .claim(
+            "mail.dlq",
+            2,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .unwrap()
+    {
         b.settle(
             "mail.dlq",
             &d,

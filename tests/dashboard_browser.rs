@@ -311,7 +311,12 @@ async fn claim<B: Broker>(broker: &B, n: usize) -> Vec<Delivery<B::Receipt>> {
     while held.len() < n {
         assert!(Instant::now() < deadline, "claimed {} of {n}", held.len());
         let got = broker
-            .claim(QUEUE, n - held.len(), Duration::from_millis(200))
+            .claim(
+                QUEUE,
+                n - held.len(),
+                Duration::from_millis(200),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         held.extend(got);

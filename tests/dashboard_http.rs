@@ -123,7 +123,12 @@ async fn seed<B: Broker>(b: &B) {
             "claimed only {settled} of 43"
         );
         let got = b
-            .claim("billing", 43 - settled, Duration::from_millis(200))
+            .claim(
+                "billing",
+                43 - settled,
+                Duration::from_millis(200),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         for d in &got {
@@ -657,7 +662,15 @@ async fn pages_carry_security_headers_and_paging_works() {
         })
         .collect();
     b.publish_jobs(jobs).await.unwrap();
-    let got = b.claim("q", 120, Duration::ZERO).await.unwrap();
+    let got = b
+        .claim(
+            "q",
+            120,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .unwrap();
     for d in &got {
         b.settle(
             "q",

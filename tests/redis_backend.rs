@@ -1403,7 +1403,12 @@ async fn claims_never_settled_end_in_the_dead_stream(on: On) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     while tokio::time::Instant::now() < deadline {
         let more = broker
-            .claim(QUEUE, 10, Duration::from_millis(100))
+            .claim(
+                QUEUE,
+                10,
+                Duration::from_millis(100),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert!(more.is_empty(), "not delivered a 4th time: {more:?}");
@@ -1421,7 +1426,12 @@ async fn claim_one(broker: &RedisBroker) -> Delivery<RedisReceipt> {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
         let mut got = broker
-            .claim(QUEUE, 1, Duration::from_millis(200))
+            .claim(
+                QUEUE,
+                1,
+                Duration::from_millis(200),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         if let Some(d) = got.pop() {
@@ -1871,7 +1881,12 @@ async fn levels_published_by_another_process_are_claimed_in_order(on: On) {
     worker.connect().await.expect("connect");
     worker.prepare(QUEUE).await.expect("prepare");
     let none = worker
-        .claim(QUEUE, 4, Duration::from_millis(50))
+        .claim(
+            QUEUE,
+            4,
+            Duration::from_millis(50),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert!(none.is_empty(), "nothing yet");
@@ -1912,7 +1927,12 @@ async fn levels_published_by_another_process_are_claimed_in_order(on: On) {
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while order.len() < 3 && tokio::time::Instant::now() < deadline {
         for d in worker
-            .claim(QUEUE, 1, Duration::from_millis(200))
+            .claim(
+                QUEUE,
+                1,
+                Duration::from_millis(200),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim")
         {
@@ -1946,7 +1966,12 @@ async fn levels_published_by_another_process_are_claimed_in_order(on: On) {
     let mut got = Vec::new();
     while got.is_empty() && tokio::time::Instant::now() < deadline {
         got = worker
-            .claim(QUEUE, 1, Duration::from_millis(200))
+            .claim(
+                QUEUE,
+                1,
+                Duration::from_millis(200),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
     }

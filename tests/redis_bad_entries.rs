@@ -444,7 +444,12 @@ async fn the_attempt_counter_stops_at_the_ceiling(on: On) {
     let mut seen = Vec::new();
     for _ in 0..3 {
         let got = broker
-            .claim(QUEUE, 1, Duration::from_secs(2))
+            .claim(
+                QUEUE,
+                1,
+                Duration::from_secs(2),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert_eq!(got.len(), 1, "the entry is delivered");
@@ -491,7 +496,12 @@ async fn an_entry_without_a_job_id_keeps_one_id(on: On) {
     let mut seen = Vec::new();
     for n in 0..2 {
         let got = broker
-            .claim(QUEUE, 1, Duration::from_secs(2))
+            .claim(
+                QUEUE,
+                1,
+                Duration::from_secs(2),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert_eq!(got.len(), 1, "the entry is delivered");

@@ -425,7 +425,12 @@ async fn a_hostile_serving_mark_delays_a_reclaim_by_a_lease_at_most() {
             .await
             .expect("publish");
         let first = broker
-            .claim(QUEUE, 1, Duration::from_millis(200))
+            .claim(
+                QUEUE,
+                1,
+                Duration::from_millis(200),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert_eq!(first.len(), 1, "{junk}: the job is claimed");
@@ -434,7 +439,12 @@ async fn a_hostile_serving_mark_delays_a_reclaim_by_a_lease_at_most() {
         let start = Instant::now();
         let again = loop {
             let got = broker
-                .claim(QUEUE, 1, Duration::from_millis(50))
+                .claim(
+                    QUEUE,
+                    1,
+                    Duration::from_millis(50),
+                    stagedoor_jobs::broker::ClaimOrder::Priority,
+                )
                 .await
                 .unwrap_or_else(|e| panic!("{junk}: a claim fails on a hostile mark: {e}"));
             if let Some(d) = got.into_iter().next() {

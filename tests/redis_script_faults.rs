@@ -134,7 +134,12 @@ impl Fx {
             );
             let got = self
                 .broker
-                .claim(QUEUE, n - out.len(), Duration::from_millis(200))
+                .claim(
+                    QUEUE,
+                    n - out.len(),
+                    Duration::from_millis(200),
+                    stagedoor_jobs::broker::ClaimOrder::Priority,
+                )
                 .await
                 .unwrap_or_else(|e| panic!("every claim succeeds: {e}"));
             out.extend(got);
@@ -381,7 +386,12 @@ async fn delayed_members_scored_out_of_time() {
     let dead = loop {
         let got = fx
             .broker
-            .claim(QUEUE, 1, Duration::from_millis(100))
+            .claim(
+                QUEUE,
+                1,
+                Duration::from_millis(100),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .unwrap_or_else(|e| panic!("every claim succeeds: {e}"));
         assert!(got.is_empty(), "nothing else runs: {:?}", ids(&got));
@@ -687,7 +697,12 @@ async fn big_jobs_are_reclaimed_and_dead_lettered() {
             fx.dead().await.len()
         );
         let got = other
-            .claim(QUEUE, 10, Duration::from_millis(100))
+            .claim(
+                QUEUE,
+                10,
+                Duration::from_millis(100),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .unwrap_or_else(|e| panic!("every claim succeeds: {e}"));
         assert!(got.is_empty(), "nothing runs: {:?}", ids(&got));
@@ -831,7 +846,12 @@ async fn a_reclaim_facing_a_dead_stream_of_the_wrong_type() {
     tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
     let other = fx.other_broker(1).await;
     let got = other
-        .claim(QUEUE, 10, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            10,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .unwrap_or_else(|e| panic!("the claim goes on: {e}"));
     assert!(got.is_empty(), "{:?}", ids(&got));
@@ -847,7 +867,12 @@ async fn a_reclaim_facing_a_dead_stream_of_the_wrong_type() {
     while fx.dead().await.is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "dead-lettered");
         let got = other
-            .claim(QUEUE, 10, Duration::from_millis(100))
+            .claim(
+                QUEUE,
+                10,
+                Duration::from_millis(100),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert!(got.is_empty(), "{:?}", ids(&got));
@@ -880,7 +905,12 @@ async fn a_mover_lock_of_the_wrong_type_is_reported() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let got = fx
         .broker
-        .claim(QUEUE, 10, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            10,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert!(got.is_empty(), "the delayed job cannot move yet");
@@ -915,7 +945,12 @@ async fn a_failed_claim_time_dead_letter_writes_nothing() {
     let _: () = fx.q(cmd("SET").arg(&ids_key).arg("oops")).await;
     let e = fx
         .broker
-        .claim(QUEUE, 10, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            10,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect_err("the dead letter fails");
     assert!(fx.dead().await.is_empty(), "nothing was written: {e}");
@@ -927,7 +962,12 @@ async fn a_failed_claim_time_dead_letter_writes_nothing() {
         assert!(tokio::time::Instant::now() < deadline, "dead-lettered");
         let got = fx
             .broker
-            .claim(QUEUE, 10, Duration::from_millis(100))
+            .claim(
+                QUEUE,
+                10,
+                Duration::from_millis(100),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert!(got.is_empty(), "{:?}", ids(&got));

@@ -82,7 +82,12 @@ async fn settled_entries_wait_above_a_pending_one_and_leave_with_it() {
     let (broker, mut c) = setup().await;
     publish(&broker, 5).await;
     let mut ds = broker
-        .claim(QUEUE, 5, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            5,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(ds.len(), 5);
@@ -122,7 +127,12 @@ async fn settled_entries_wait_above_a_pending_one_and_leave_with_it() {
     // Only the two new entries, not yet delivered, are left.
     assert_eq!(xlen(&broker, &mut c).await, 2);
     let rest = broker
-        .claim(QUEUE, 5, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            5,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(rest.len(), 2);
@@ -142,14 +152,24 @@ async fn entries_far_above_a_pending_one_are_deleted_at_once() {
     let (broker, mut c) = setup().await;
     publish(&broker, 1).await;
     let held = broker
-        .claim(QUEUE, 1, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            1,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(held.len(), 1);
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     publish(&broker, 3).await;
     let later = broker
-        .claim(QUEUE, 3, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            3,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(later.len(), 3);
@@ -176,7 +196,12 @@ async fn a_retry_settled_twice_is_added_once() {
     let (broker, mut c) = setup().await;
     publish(&broker, 3).await;
     let ds = broker
-        .claim(QUEUE, 3, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            3,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(ds.len(), 3);
@@ -197,7 +222,12 @@ async fn a_retry_settled_twice_is_added_once() {
         Settled::LeaseLost
     );
     let again = broker
-        .claim(QUEUE, 10, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            10,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     let mut ids: Vec<String> = again.iter().map(|d| d.envelope.id().to_string()).collect();
@@ -225,7 +255,12 @@ async fn a_dead_stream_read_as_a_queue_deletes_each_settled_entry() {
     let dead = format!("{QUEUE}:dead");
     publish(&broker, 2).await;
     let ds = broker
-        .claim(QUEUE, 2, Duration::from_millis(100))
+        .claim(
+            QUEUE,
+            2,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(ds.len(), 2);
@@ -245,7 +280,12 @@ async fn a_dead_stream_read_as_a_queue_deletes_each_settled_entry() {
         .await
         .expect("prepare the dead stream");
     let held = broker
-        .claim(&dead, 2, Duration::from_millis(100))
+        .claim(
+            &dead,
+            2,
+            Duration::from_millis(100),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim the dead stream");
     assert_eq!(held.len(), 2);

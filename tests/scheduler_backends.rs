@@ -1747,9 +1747,10 @@ impl<B: Broker> Broker for Dying<B> {
         queue: &str,
         max: usize,
         wait: Duration,
+        order: stagedoor_jobs::broker::ClaimOrder,
     ) -> Result<Vec<stagedoor_jobs::broker::Delivery<B::Receipt>>, stagedoor_jobs::BrokerError>
     {
-        self.inner.claim(queue, max, wait).await
+        self.inner.claim(queue, max, wait, order).await
     }
 
     async fn renew(

@@ -1523,7 +1523,12 @@ async fn postgres_notify_wakes_a_waiting_claim_of_another_broker() {
     let started = Instant::now();
     let claim = tokio::spawn(async move {
         let got = waiting
-            .claim("wake", 1, Duration::from_secs(30))
+            .claim(
+                "wake",
+                1,
+                Duration::from_secs(30),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         (got.len(), started.elapsed())

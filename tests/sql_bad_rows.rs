@@ -383,7 +383,12 @@ async fn the_counter_saturates_and_a_count_below_one_is_a_first_delivery<D: Db>(
     let mut seen: Vec<(u64, u32)> = Vec::new();
     for _ in 0..3 {
         let deliveries = route
-            .claim(Q, 10, Duration::from_secs(2))
+            .claim(
+                Q,
+                10,
+                Duration::from_secs(2),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("the claim succeeds");
         assert_eq!(deliveries.len(), 2, "both rows claimed");

@@ -156,7 +156,12 @@ async fn postgres_claim_never_leases_more_than_it_asked_for_under_any_plan() {
         let route = broker_with(&db, settings).route::<Jobs>("q");
         route.connect().await.expect("connect");
         let got = route
-            .claim("q", 10, Duration::ZERO)
+            .claim(
+                "q",
+                10,
+                Duration::ZERO,
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .unwrap_or_else(|e| panic!("claim under `{settings}`: {e}"));
         let leased = count(
@@ -173,7 +178,12 @@ async fn postgres_claim_never_leases_more_than_it_asked_for_under_any_plan() {
 
         // The next claim starts at the floor the first one set: the bounded statement.
         let more = route
-            .claim("q", 10, Duration::ZERO)
+            .claim(
+                "q",
+                10,
+                Duration::ZERO,
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .unwrap_or_else(|e| panic!("bounded claim under `{settings}`: {e}"));
         let leased = count(
@@ -213,7 +223,15 @@ async fn postgres_concurrent_claims_split_the_rows_without_overlap() {
             let mut mine = Vec::new();
             let mut biggest = 0;
             loop {
-                let got = route.claim("q", 7, Duration::ZERO).await.expect("claim");
+                let got = route
+                    .claim(
+                        "q",
+                        7,
+                        Duration::ZERO,
+                        stagedoor_jobs::broker::ClaimOrder::Priority,
+                    )
+                    .await
+                    .expect("claim");
                 if got.is_empty() {
                     return (mine, biggest);
                 }
@@ -249,7 +267,15 @@ WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100) IN
     .await;
     let route = Lite::route::<Jobs>(&db.broker(), "q");
     route.connect().await.expect("connect");
-    let got = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    let got = route
+        .claim(
+            "q",
+            10,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     assert_eq!(got.len(), 10);
     assert_eq!(
         count(
@@ -280,13 +306,29 @@ async fn postgres_a_row_below_the_floor_is_claimed_by_the_next_full_claim() {
             .expect("publish");
     }
     // A full claim: the floor is now a little below the earliest of these rows.
-    let first = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    let first = route
+        .claim(
+            "q",
+            10,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     assert_eq!(first.len(), 10);
     db.run("INSERT INTO jobs (queue, payload, retry_after) VALUES ('q', '\\x01', now() - interval '1 hour')".to_owned())
         .await;
     let old: i64 = count(&db, "SELECT max(id) FROM jobs").await;
 
-    let second = route.claim("q", 100, Duration::ZERO).await.expect("claim");
+    let second = route
+        .claim(
+            "q",
+            100,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     let ids: HashSet<String> = second.iter().map(|d| d.envelope.id().to_string()).collect();
     assert_eq!(
         second.len(),
@@ -299,7 +341,12 @@ async fn postgres_a_row_below_the_floor_is_claimed_by_the_next_full_claim() {
     let mut found = false;
     while started.elapsed() < Duration::from_secs(5) && !found {
         let got = route
-            .claim("q", 100, Duration::from_millis(100))
+            .claim(
+                "q",
+                100,
+                Duration::from_millis(100),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         found = got
@@ -332,13 +379,37 @@ async fn postgres_a_delayed_row_never_lifts_the_floor_above_new_jobs() {
     // A full claim takes the first row and sets the floor; full claims then come at most
     // every second, so the claims below, well within it, are bounded.
     let started = Instant::now();
-    let first = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    let first = route
+        .claim(
+            "q",
+            10,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     assert_eq!(first.len(), 1);
     tokio::time::sleep(Duration::from_millis(350)).await;
-    let delayed = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    let delayed = route
+        .claim(
+            "q",
+            10,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     assert_eq!(delayed.len(), 1, "the delayed row is due");
     route.publish(job(2)).await.expect("publish");
-    let fresh = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    let fresh = route
+        .claim(
+            "q",
+            10,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     assert!(
         started.elapsed() < Duration::from_millis(900),
         "the claims ran within a second of the full claim (took {:?}): the test shows nothing otherwise",
@@ -470,11 +541,14 @@ async fn postgres_priority_claims_lease_exactly_what_they_asked_for_under_any_pl
         worked_off_by_priority(&db).await;
         let route = broker_with(&db, settings).route::<PJobs>("q");
         route.connect().await.expect("connect");
+        // The order of each claim, as the runtime picks it: the eighth in due order.
+        let turn = stagedoor_jobs::broker::FairTurn::default();
         for claim in 1..=9 {
             let got = route
-                .claim("q", 10, Duration::ZERO)
+                .claim("q", 10, Duration::ZERO, turn.order())
                 .await
                 .unwrap_or_else(|e| panic!("claim {claim} under `{settings}`: {e}"));
+            turn.claimed(got.len());
             let leased = count(
                 &db,
                 "SELECT count(*) FROM pjobs WHERE locked_until IS NOT NULL",
@@ -523,7 +597,15 @@ async fn postgres_a_row_below_the_floor_is_claimed_by_a_full_claim_by_priority()
         route.publish(job(i)).await.expect("publish");
     }
     // A full claim that takes every row it can: the floor is now a little below the earliest.
-    let first = route.claim("q", 100, Duration::ZERO).await.expect("claim");
+    let first = route
+        .claim(
+            "q",
+            100,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     assert_eq!(first.len(), 20);
     db.run("INSERT INTO pjobs (queue, payload, retry_after, priority) VALUES ('q', '\\x01', now() - interval '1 hour', 2)".to_owned())
         .await;
@@ -532,7 +614,15 @@ async fn postgres_a_row_below_the_floor_is_claimed_by_a_full_claim_by_priority()
         route.publish(job(i)).await.expect("publish");
     }
 
-    let second = route.claim("q", 100, Duration::ZERO).await.expect("claim");
+    let second = route
+        .claim(
+            "q",
+            100,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     let ids: HashSet<String> = second.iter().map(|d| d.envelope.id().to_string()).collect();
     assert_eq!(
         second.len(),
@@ -545,7 +635,12 @@ async fn postgres_a_row_below_the_floor_is_claimed_by_a_full_claim_by_priority()
     let mut found = None;
     while started.elapsed() < Duration::from_secs(5) && found.is_none() {
         let got = route
-            .claim("q", 100, Duration::from_millis(100))
+            .claim(
+                "q",
+                100,
+                Duration::from_millis(100),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         found = got
@@ -585,10 +680,26 @@ async fn postgres_a_claim_by_priority_never_lifts_the_floor_over_older_lower_row
         route.publish(job(i, Priority::LOW)).await.expect("publish");
     }
     let started = Instant::now();
-    let high = route.claim("q", 10, Duration::ZERO).await.expect("claim");
+    let high = route
+        .claim(
+            "q",
+            10,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     assert!(high.iter().all(|d| d.envelope.priority() == Priority::HIGH));
     assert_eq!(high.len(), 10);
-    let low = route.claim("q", 5, Duration::ZERO).await.expect("claim");
+    let low = route
+        .claim(
+            "q",
+            5,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     assert!(
         started.elapsed() < Duration::from_millis(900),
         "the claims ran within a second (took {:?}): the test shows nothing otherwise",
@@ -646,7 +757,15 @@ async fn reltuples(url: &str, schema: &str) -> f64 {
 /// at once from tasks of their own (so that they share the route's batches): acknowledged,
 /// every fifth retried an hour later. Returns how many rows it retried.
 async fn round(route: &stagedoor_jobs_sqlx::SqlxRoute<sqlx::Postgres, Jobs>, what: &str) -> usize {
-    let batch = route.claim("q", 32, Duration::ZERO).await.expect("claim");
+    let batch = route
+        .claim(
+            "q",
+            32,
+            Duration::ZERO,
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
     assert_eq!(batch.len(), 32, "{what}: a claim took a whole batch");
     for d in &batch {
         assert!(

@@ -179,7 +179,12 @@ async fn a_table_without_a_priority_column_refuses_a_priority_job<D: Db>() {
     assert!(done.iter().all(|p| p.is_stored()), "{done:?}");
     assert_eq!(count(&db, "SELECT COUNT(*) FROM np_jobs").await, 3);
     let got = route
-        .claim("q", 10, Duration::from_secs(5))
+        .claim(
+            "q",
+            10,
+            Duration::from_secs(5),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     let mut ns: Vec<u64> = got.iter().map(|d| n_of(d.envelope.payload())).collect();
@@ -208,7 +213,12 @@ async fn a_dead_letter_table_keeps_the_level_and_so_does_its_replay<D: Db>() {
     );
 
     let mut got = route
-        .claim(Q, 1, Duration::from_secs(5))
+        .claim(
+            Q,
+            1,
+            Duration::from_secs(5),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(got.len(), 1);
@@ -251,7 +261,12 @@ async fn a_dead_letter_table_keeps_the_level_and_so_does_its_replay<D: Db>() {
         .expect("replay");
     assert_eq!(report.replayed, 1, "{report:?}");
     let mut got = route
-        .claim(Q, 1, Duration::from_secs(5))
+        .claim(
+            Q,
+            1,
+            Duration::from_secs(5),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(got.len(), 1);

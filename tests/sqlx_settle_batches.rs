@@ -46,13 +46,23 @@ async fn mixed_settlements_in_one_batch_answer_each_row<D: Db>() {
         D::publish(&route, Job::new(Q, &Msg { n }).expect("a Msg")).await;
     }
     let stale = short
-        .claim(Q, 2, Duration::from_secs(2))
+        .claim(
+            Q,
+            2,
+            Duration::from_secs(2),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(stale.len(), 2);
     tokio::time::sleep(Duration::from_millis(600)).await;
     let fresh = route
-        .claim(Q, 2, Duration::from_secs(2))
+        .claim(
+            Q,
+            2,
+            Duration::from_secs(2),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim again");
     assert_eq!(
@@ -66,7 +76,12 @@ async fn mixed_settlements_in_one_batch_answer_each_row<D: Db>() {
     let mut rest = Vec::new();
     while rest.len() < 10 {
         let got = route
-            .claim(Q, 10 - rest.len(), Duration::from_secs(2))
+            .claim(
+                Q,
+                10 - rest.len(),
+                Duration::from_secs(2),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert!(!got.is_empty(), "the other ten rows are claimed");
@@ -166,7 +181,12 @@ async fn mixed_settlements_in_one_batch_answer_each_row<D: Db>() {
     assert_eq!(route.dead_len(&dead).await.expect("dead_len"), 2);
     // The retries at once are due now, those in an hour are not.
     let again = route
-        .claim(Q, 10, Duration::from_millis(500))
+        .claim(
+            Q,
+            10,
+            Duration::from_millis(500),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     let mut again: Vec<u64> = again.iter().map(n_of).collect();
@@ -190,7 +210,12 @@ async fn many_retries_at_once<D: Db>() {
     let mut claimed = Vec::new();
     while (claimed.len() as u64) < N {
         let got = route
-            .claim(Q, 100, Duration::from_secs(2))
+            .claim(
+                Q,
+                100,
+                Duration::from_secs(2),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert!(!got.is_empty());

@@ -203,6 +203,7 @@ impl Broker for Faulty {
         queue: &str,
         max: usize,
         wait: Duration,
+        order: stagedoor_jobs::broker::ClaimOrder,
     ) -> Result<Vec<Delivery<MemoryReceipt>>, BrokerError> {
         let f = &self.faults;
         let n = f.claims.fetch_add(1, Ordering::SeqCst) + 1;
@@ -223,7 +224,7 @@ impl Broker for Faulty {
             return Err(BrokerError::Connection("injected outage".to_owned()));
         }
         let ask = if f.oversize { max * 2 + 1 } else { max };
-        let got = self.inner.claim(queue, ask, wait).await?;
+        let got = self.inner.claim(queue, ask, wait, order).await?;
         if got.len() > max {
             f.oversized.fetch_add(1, Ordering::SeqCst);
         }
@@ -725,7 +726,12 @@ fn sql_acknowledgements_outlive_the_task_that_batched_them() {
         rt.block_on(async {
             route.publish(Job::new("acks", &n).unwrap()).await.unwrap();
             let mut got = route
-                .claim("acks", 1, Duration::from_secs(1))
+                .claim(
+                    "acks",
+                    1,
+                    Duration::from_secs(1),
+                    stagedoor_jobs::broker::ClaimOrder::Priority,
+                )
                 .await
                 .unwrap();
             assert_eq!(got.len(), 1);

@@ -83,7 +83,15 @@ async fn seeded() -> MemoryBroker {
         }
         b.publish_jobs(jobs).await?;
         let dead = b.default_dead_letter("billing");
-        for d in b.claim("billing", 3, Duration::from_millis(1)).await? {
+        for d in b
+            .claim(
+                "billing",
+                3,
+                Duration::from_millis(1),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
+            .await?
+        {
             let failure = Failure::new(FailureCause::Error, "boom", "at billing.rs:1");
             b.settle(
                 "billing",

@@ -242,7 +242,12 @@ async fn scenario<B: Broker>(broker: B, cli: Cli, queue: &str) {
         .await
         .expect("publish busy");
     let claimed = broker
-        .claim(&busy, 1, Duration::from_secs(5))
+        .claim(
+            &busy,
+            1,
+            Duration::from_secs(5),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(claimed.len(), 1);

@@ -130,7 +130,12 @@ async fn seed<B: Broker>(b: &B) {
     let mut settled = 0;
     for _ in 0..50 {
         for d in b
-            .claim("billing", 3, Duration::from_millis(200))
+            .claim(
+                "billing",
+                3,
+                Duration::from_millis(200),
+                stagedoor_jobs::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim")
         {

@@ -25,8 +25,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport};
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo, Permits,
-    Problem, Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
+    Broker, BrokerError, ClaimOrder, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo,
+    Permits, Problem, Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
 };
 use stagedoor_jobs::{Activity, Clock, Envelope, Priority};
 use tokio::sync::OnceCell;
@@ -127,7 +127,7 @@ pub(crate) enum SettleOp {
 }
 
 /// When a queue last looked for entries to reclaim, and when its delayed mover looks next;
-/// the priority levels its claims read, and how many claims it made.
+/// the priority levels its claims read.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Housekeeping {
     pub(crate) reclaimed_at: Option<tokio::time::Instant>,
@@ -136,8 +136,6 @@ pub(crate) struct Housekeeping {
     /// when they were looked for (again every second).
     pub(crate) levels: u8,
     pub(crate) levels_read: Option<tokio::time::Instant>,
-    /// Claims of this queue that took jobs, for the fair claim every `FAIR_CLAIM_EVERY`.
-    pub(crate) claims: u64,
 }
 
 /// The bit of priority `level` in [`Housekeeping::levels`].
@@ -711,8 +709,9 @@ impl Broker for RedisBroker {
         queue: &str,
         max: usize,
         wait: Duration,
+        order: ClaimOrder,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        self.claim(queue, max, wait).await
+        self.claim(queue, max, wait, order).await
     }
 
     async fn renew(&self, queue: &str, receipt: &RedisReceipt) -> Result<bool, BrokerError> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redis::{Value, cmd};
 use stagedoor_jobs::Priority;
-use stagedoor_jobs::broker::{BrokerError, Delivery};
+use stagedoor_jobs::broker::{BrokerError, ClaimOrder, Delivery};
 
 use crate::broker::{Cap, DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, ms};
 use crate::entry::{self, Fields};
@@ -38,13 +38,9 @@ impl RedisBroker {
         queue: &str,
         max: usize,
         wait: Duration,
+        order: ClaimOrder,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        let out = self.claim_levels(queue, max, wait).await?;
-        if !out.is_empty() {
-            // The fair claim is counted in claims that take jobs, as on every backend.
-            self.update_housekeeping(queue, |h| h.claims += 1);
-        }
-        Ok(out)
+        self.claim_levels(queue, max, wait, order).await
     }
 
     /// The claim: reclaimed entries, then new ones of each level in use.
@@ -53,6 +49,7 @@ impl RedisBroker {
         queue: &str,
         max: usize,
         wait: Duration,
+        order: ClaimOrder,
     ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
         // The priority levels to read, highest first: normal alone for a queue that never saw
         // another (its claim is one read, as it always was).
@@ -132,11 +129,9 @@ impl RedisBroker {
                 _ => now + Duration::from_secs(1),
             });
         }
-        let mut claims = 0;
         self.update_housekeeping(queue, |h| {
             h.reclaimed_at = reclaimed_at;
             h.next_delayed = next_delayed;
-            claims = h.claims + 1;
         });
         if out.len() >= max {
             return Ok(out);
@@ -154,13 +149,14 @@ impl RedisBroker {
                 .await;
         }
         // Several levels: the highest first, each read without blocking until the claim is
-        // full; every FAIR_CLAIM_EVERY-th claim starts at the level whose oldest waiting job
-        // is the oldest instead, so that no level waits forever behind a busier one.
+        // full; a claim in due order (the runtime's fair turn) starts at the level whose oldest
+        // waiting job is the oldest instead, so that no level waits forever behind a busier
+        // one.
         let mut keys: Vec<(Priority, Arc<Keys>)> = levels
             .iter()
             .map(|l| (*l, self.keys_at(queue, *l)))
             .collect();
-        if claims % stagedoor_jobs::FAIR_CLAIM_EVERY == 0 {
+        if order == ClaimOrder::Due {
             let mut call = scripts::OLDEST_WAITING.prepare_invoke();
             for (_, k) in &keys {
                 call.key(&k.stream);

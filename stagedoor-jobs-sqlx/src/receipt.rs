@@ -19,8 +19,6 @@ use crate::dialect::sealed::Value;
 pub struct SqlReceipt {
     pub(crate) id: IdValue,
     lease: Mutex<Fence>,
-    /// A settlement of this delivery failed: it may have taken effect (its reply lost).
-    pub(crate) settle_failed: std::sync::atomic::AtomicBool,
     /// Where the row's version is, as far as this delivery knows (Postgres: the `ctid` its
     /// claim or last renewal returned, as text): settlements and renewals find the row there
     /// with a TID scan, whatever the planner believes of the table, and by id only when it
@@ -45,7 +43,6 @@ impl SqlReceipt {
                 held: lease,
                 unsure: Vec::new(),
             }),
-            settle_failed: std::sync::atomic::AtomicBool::new(false),
             ctid: Mutex::new(ctid),
         }
     }

@@ -24,8 +24,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::Database;
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, DeadLetter, DeadLetters, Delivery, MountInfo, Problem, Published, Settled,
-    Settlement,
+    Broker, BrokerError, ClaimOrder, DeadLetter, DeadLetters, Delivery, MountInfo, Problem,
+    Published, Settled, Settlement,
 };
 use stagedoor_jobs::inbox::{Table, is_plain_identifier};
 use stagedoor_jobs::{Clock, Envelope, Inbox, JobId};
@@ -68,9 +68,6 @@ struct RouteInner {
     origins: Mutex<HashMap<String, String>>,
     /// Where each queue's bounded claims start (Postgres).
     floors: Floors,
-    /// Per queue, the claims by this route that took rows (a table with a priority column):
-    /// every [`FAIR_CLAIM_EVERY`](stagedoor_jobs::FAIR_CLAIM_EVERY)-th is made in due order.
-    taken: Mutex<HashMap<String, u64>>,
     /// The rows [`SqlxRoute::fetch`] has read, for tests.
     rows_read: std::sync::atomic::AtomicU64,
     /// The most rows one [`SqlxRoute::fetch`] has returned, for tests.
@@ -152,7 +149,6 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 dead_tables: Mutex::new(HashMap::new()),
                 origins: Mutex::new(HashMap::new()),
                 floors: Floors::default(),
-                taken: Mutex::new(HashMap::new()),
                 rows_read: std::sync::atomic::AtomicU64::new(0),
                 largest_read: std::sync::atomic::AtomicU64::new(0),
                 rows_in_order: std::sync::atomic::AtomicBool::new(true),
@@ -473,8 +469,9 @@ impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
         queue: &str,
         max: usize,
         wait: Duration,
+        order: ClaimOrder,
     ) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
-        let claimed = self.claim_rows(queue, max, wait).await;
+        let claimed = self.claim_rows(queue, max, wait, order).await;
         self.broker.noted(claimed)
     }
 
@@ -490,12 +487,6 @@ impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
         settlement: Settlement,
     ) -> Result<Settled, BrokerError> {
         let settled = self.settle_row(queue, delivery, settlement).await;
-        if settled.is_err() {
-            delivery
-                .receipt
-                .settle_failed
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-        }
         self.broker.noted(settled)
     }
 

@@ -23,6 +23,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport};
+pub use crate::claim_order::{ClaimOrder, FairTurn};
 use crate::clock::Clock;
 use crate::envelope::{Envelope, JobId};
 use crate::outcome::Failure;
@@ -642,15 +643,22 @@ pub trait Broker: DeadLetters + Locks + Activity {
     /// Prepares a queue before its first claim (creates the consumer group, ...). Idempotent.
     fn prepare(&self, queue: &str) -> impl Future<Output = Result<(), BrokerError>> + Send;
 
-    /// Claims up to `max` due jobs of `queue`, waiting up to `wait` for the first one. Each
-    /// claimed job has its attempt counted in the same atomic step (so a crash after the claim
-    /// spends it) and is leased for [`lease`](Broker::lease): a delivery not settled or renewed
-    /// within the lease is claimable again. Jobs whose lease expired are claimed like due jobs.
+    /// Claims up to `max` due jobs of `queue` in `order`, waiting up to `wait` for the first
+    /// one. Each claimed job has its attempt counted in the same atomic step (so a crash after
+    /// the claim spends it) and is leased for [`lease`](Broker::lease): a delivery not settled
+    /// or renewed within the lease is claimable again. Jobs whose lease expired are claimed
+    /// like due jobs.
+    ///
+    /// The runtime chooses `order` ([`FairTurn`]: every
+    /// [`FAIR_CLAIM_EVERY`](crate::FAIR_CLAIM_EVERY)-th claim that takes jobs is in due order);
+    /// a backend follows it and counts nothing itself. A backend without priorities takes due
+    /// order either way.
     fn claim(
         &self,
         queue: &str,
         max: usize,
         wait: Duration,
+        order: ClaimOrder,
     ) -> impl Future<Output = Result<Vec<Delivery<Self::Receipt>>, BrokerError>> + Send;
 
     /// Extends a held delivery's lease. `Ok(false)` when it was already lost. The runtime

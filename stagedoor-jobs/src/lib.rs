@@ -78,6 +78,7 @@ pub mod __fuzz;
 pub mod activity;
 mod backoff;
 pub mod broker;
+mod claim_order;
 mod clock;
 mod counters;
 mod envelope;
@@ -109,8 +110,8 @@ pub mod testing;
 
 pub use backoff::{Backoff, Exponential, Fixed, FullJitter, Immediate, UNCAPPED_FLOOR};
 pub use broker::{
-    Activity, Broker, BrokerError, Cancelled, DeadLetter, DeadLetters, DeadSelector, Inspect,
-    Locks, Permits, Publish, Published, QueueStats, ReplayReport,
+    Activity, Broker, BrokerError, Cancelled, ClaimOrder, DeadLetter, DeadLetters, DeadSelector,
+    Inspect, Locks, Permits, Publish, Published, QueueStats, ReplayReport,
 };
 pub use clock::{Clock, MAX_DELAY, SYNC_EVERY};
 pub use envelope::{

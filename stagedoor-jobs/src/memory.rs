@@ -65,9 +65,6 @@ struct MemQueue {
     ids: HashSet<JobId>,
     /// Running jobs cancelled (until they are settled).
     cancelled: HashSet<JobId>,
-    /// Claims that took jobs, for the fair claim every
-    /// [`FAIR_CLAIM_EVERY`](crate::FAIR_CLAIM_EVERY).
-    claims: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -137,6 +134,7 @@ impl MemoryBroker {
         queue: &str,
         max: usize,
         now: DateTime<Utc>,
+        order: crate::broker::ClaimOrder,
     ) -> Vec<Delivery<MemoryReceipt>> {
         let mut mem = self.mem();
         let Mem { queues, seq, .. } = &mut *mem;
@@ -154,16 +152,14 @@ impl MemoryBroker {
                 q.waiting.insert((now, *seq), r.stored);
             }
         }
-        // Of the due jobs, the highest priority first, in due order among equals; every
-        // FAIR_CLAIM_EVERY-th claim in due order alone (no level starves).
-        // Counted in claims that take jobs, as on every backend.
-        let fair = (q.claims + 1) % crate::FAIR_CLAIM_EVERY == 0;
+        // Of the due jobs, the highest priority first, in due order among equals; in due
+        // order alone when the runtime asks (its fair turn).
         let mut due: Vec<(crate::Priority, (DateTime<Utc>, u64))> = q
             .waiting
             .range(..=(now, u64::MAX))
             .map(|(k, s)| (s.envelope.priority(), *k))
             .collect();
-        if !fair {
+        if order == crate::broker::ClaimOrder::Priority {
             // A stable sort: due order stays among equals.
             due.sort_by_key(|d| std::cmp::Reverse(d.0));
         }
@@ -194,9 +190,6 @@ impl MemoryBroker {
                     lease_until: later(now, self.inner.lease),
                 },
             );
-        }
-        if !out.is_empty() {
-            q.claims += 1;
         }
         out
     }
@@ -611,6 +604,7 @@ impl Broker for MemoryBroker {
         queue: &str,
         max: usize,
         wait: Duration,
+        order: crate::broker::ClaimOrder,
     ) -> Result<Vec<Delivery<MemoryReceipt>>, BrokerError> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut clock_rx = self.clock().subscribe();
@@ -619,7 +613,7 @@ impl Broker for MemoryBroker {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let now = self.now();
-            let got = self.try_claim(queue, max, now);
+            let got = self.try_claim(queue, max, now, order);
             if !got.is_empty() {
                 return Ok(got);
             }

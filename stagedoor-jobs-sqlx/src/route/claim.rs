@@ -1,5 +1,5 @@
 //! Claiming rows: the claim statement (the highest priority first on a table with a priority
-//! column, in due order every `FAIR_CLAIM_EVERY`-th claim; bounded by the queue's floor on
+//! column, in due order when the runtime asks; bounded by the queue's floor on
 //! Postgres; serialised per group for FIFO tables), waiting when nothing is due (until a wake-up, the next due time
 //! or the poll interval), dead-lettering rows that cannot be read, and renewing a delivery's
 //! lease (its heartbeat).
@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::broker::{Broker, BrokerError, Delivery, Inspect, Settled, Settlement};
+use stagedoor_jobs::broker::{
+    Broker, BrokerError, ClaimOrder, Delivery, Inspect, Settled, Settlement,
+};
 use stagedoor_jobs::{Failure, FailureCause, Inbox};
 
 use super::{Idle, SqlxRoute, fetch_in, run_in};
@@ -24,6 +26,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         queue: &str,
         max: usize,
         wait: Duration,
+        order: ClaimOrder,
     ) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
         let stmts = self.stmts_for(queue).await?;
         let deadline = tokio::time::Instant::now() + wait;
@@ -52,137 +55,21 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             let quiet =
                 idle.is_some_and(|i| i.wakes == wakes && tokio::time::Instant::now() < i.until);
             if !quiet {
-                let now = self.broker.now();
-                let lease = now + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
-                // A table with a priority column claims the highest level first, except every
-                // FAIR_CLAIM_EVERY-th claim, in due order alone (no level starves).
-                let by_priority = !Statements::lacks(&stmts.claim_prio) && !self.fair_turn(queue);
-                let plan = if Statements::lacks(&stmts.claim_from) {
-                    Plan::Full
-                } else {
-                    self.inner.floors.plan(queue)
-                };
-                let v = Vals {
-                    new_lease: Some(lease),
-                    group: Some(queue.to_owned()),
-                    now: Some(now),
-                    // After a connection error, rows whose lease ran out wait (their owners
-                    // renew first): only rows never leased or settled are taken.
-                    reclaim: self
-                        .broker
-                        .cautious()
-                        .then_some(DateTime::<Utc>::UNIX_EPOCH),
-                    limit: i64::try_from(max).unwrap_or(i64::MAX),
-                    floor: match plan {
-                        Plan::From(f) => Some(f),
-                        Plan::Full => None,
-                    },
-                    ..Vals::default()
-                };
-                let started = tokio::time::Instant::now();
-                let rows = if stmts.table.fifo && DB::LOCKS_FIFO_GROUPS {
-                    // One row per group in work: claims of a FIFO group are serialised by a
-                    // transaction-scoped advisory lock (SKIP LOCKED alone would let a second
-                    // worker take the row behind a locked head).
-                    let mut conn = acquire(self.pool()?).await?;
-                    let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
-                    DB::lock_fifo_group(&mut tx, format!("{}:{queue}", stmts.qualified)).await?;
-                    let rows = fetch_in::<DB>(&mut *tx, &stmts.claim, &v, &stmts.table).await?;
-                    tx.commit().await.map_err(db_err)?;
-                    rows.iter()
-                        .map(|r| read::<DB>(r, &stmts.table))
-                        .collect::<Vec<_>>()
-                } else {
-                    let stmt = match (plan, by_priority) {
-                        (Plan::From(_), false) => &stmts.claim_from,
-                        (Plan::Full, false) => &stmts.claim,
-                        (Plan::From(_), true) => &stmts.claim_prio_from,
-                        (Plan::Full, true) => &stmts.claim_prio,
-                    };
-                    self.fetch(&stmts, stmt, &v).await?
-                };
-                if !rows.is_empty() && !Statements::lacks(&stmts.claim_prio) {
-                    self.count_taken(queue);
-                }
-                if !Statements::lacks(&stmts.claim_from) {
-                    let earliest = rows.iter().filter_map(|r| r.due).min();
-                    // A claim by priority may leave rows of lower levels due earlier than any
-                    // it took: the floor moves only after one that took every row it could
-                    // reach (fewer than it asked for), as after a claim in due order. The
-                    // others leave it where it is; the claims in due order (every
-                    // FAIR_CLAIM_EVERY-th) and the full ones keep it up to date.
-                    let moves = !by_priority || rows.len() < max;
-                    match plan {
-                        Plan::Full if moves => {
-                            self.inner
-                                .floors
-                                .after_full(queue, earliest, now, started.elapsed())
-                        }
-                        Plan::From(_) if moves => {
-                            self.inner.floors.after_bounded(queue, earliest, now)
-                        }
-                        _ => {}
-                    }
-                }
-                // Nothing due: on SQLite, look for rows whose `retry_after` is no timestamp
-                // and would wait forever (see `Statements::claim_strays`).
-                let rows = if rows.is_empty() && !Statements::lacks(&stmts.claim_strays) {
-                    self.fetch(&stmts, &stmts.claim_strays, &v).await?
-                } else {
-                    rows
-                };
-                if !rows.is_empty() {
-                    let mut out = Vec::with_capacity(rows.len());
-                    for mut r in rows {
-                        // An id the table's type does not describe (a text in an SQLite
-                        // integer column) is fenced on as it reads.
-                        let id = IdValue::parse(&stmts.table, &r.id)
-                            .unwrap_or_else(|_| IdValue::Text(r.id.clone()));
-                        // A row that cannot be read is dead-lettered by itself; the others
-                        // of the claim run.
-                        if let Some(problem) = r.problem.take() {
-                            self.dead_letter_unreadable(queue, r, id, lease, &problem)
-                                .await;
-                            continue;
-                        }
-                        let doc = HeaderDoc::parse(r.headers.as_deref());
-                        let envelope = self.envelope_of(queue, &r, &doc);
-                        out.push(Delivery {
-                            envelope,
-                            receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
-                        });
-                    }
-                    self.inner
-                        .idle
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .remove(queue);
-                    if out.is_empty() {
+                match self.claim_once(&stmts, queue, max, order).await? {
+                    Taken::Rows(out) if out.is_empty() => {
                         // Every row claimed was unreadable, and is gone: claim again.
                         continue;
                     }
-                    return Ok(out);
-                }
-                // Empty: look again at the next due time or after the poll interval. A row
-                // due already but not claimable (its FIFO group is busy) waits for a wake-up
-                // or the poll; one that became due just now is looked for once more at once.
-                let next = self.next_due_from(&stmts, queue, plan).await;
-                let mut until = tokio::time::Instant::now() + self.broker.poll;
-                if let Some(t) = next {
-                    match (t - self.broker.now()).to_std() {
-                        Ok(d) if !d.is_zero() => until = until.min(tokio::time::Instant::now() + d),
-                        _ if !looked_again => {
-                            looked_again = true;
+                    Taken::Rows(out) => return Ok(out),
+                    Taken::None(plan) => {
+                        if self
+                            .idle_until(&stmts, queue, plan, wakes, &mut looked_again)
+                            .await
+                        {
                             continue;
                         }
-                        _ => {}
                     }
                 }
-                self.inner
-                    .idle
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(queue.to_owned(), Idle { until, wakes });
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
@@ -221,6 +108,177 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         }
     }
 
+    /// One claim statement: the rows it took made deliveries (an unreadable one
+    /// dead-lettered), or, when it took none, the plan it was made with.
+    async fn claim_once(
+        &self,
+        stmts: &Statements,
+        queue: &str,
+        max: usize,
+        order: ClaimOrder,
+    ) -> Result<Taken, BrokerError> {
+        let now = self.broker.now();
+        let lease = now + stagedoor_jobs::broker::chrono_duration(self.broker.lease);
+        // A table with a priority column claims the highest level first, unless the runtime
+        // asks for due order alone (its fair turn: no level starves).
+        let by_priority = !Statements::lacks(&stmts.claim_prio) && order == ClaimOrder::Priority;
+        let plan = if Statements::lacks(&stmts.claim_from) {
+            Plan::Full
+        } else {
+            self.inner.floors.plan(queue)
+        };
+        let v = Vals {
+            new_lease: Some(lease),
+            group: Some(queue.to_owned()),
+            now: Some(now),
+            // After a connection error, rows whose lease ran out wait (their owners
+            // renew first): only rows never leased or settled are taken.
+            reclaim: self
+                .broker
+                .cautious()
+                .then_some(DateTime::<Utc>::UNIX_EPOCH),
+            limit: i64::try_from(max).unwrap_or(i64::MAX),
+            floor: match plan {
+                Plan::From(f) => Some(f),
+                Plan::Full => None,
+            },
+            ..Vals::default()
+        };
+        let started = tokio::time::Instant::now();
+        let rows = self
+            .fetch_claim(stmts, queue, &v, plan, by_priority)
+            .await?;
+        if !Statements::lacks(&stmts.claim_from) {
+            let earliest = rows.iter().filter_map(|r| r.due).min();
+            // A claim by priority may leave rows of lower levels due earlier than any
+            // it took: the floor moves only after one that took every row it could
+            // reach (fewer than it asked for), as after a claim in due order. The
+            // others leave it where it is; the claims in due order (the fair turns) and
+            // the full ones keep it up to date.
+            let moves = !by_priority || rows.len() < max;
+            match plan {
+                Plan::Full if moves => {
+                    self.inner
+                        .floors
+                        .after_full(queue, earliest, now, started.elapsed())
+                }
+                Plan::From(_) if moves => self.inner.floors.after_bounded(queue, earliest, now),
+                _ => {}
+            }
+        }
+        // Nothing due: on SQLite, look for rows whose `retry_after` is no timestamp
+        // and would wait forever (see `Statements::claim_strays`).
+        let rows = if rows.is_empty() && !Statements::lacks(&stmts.claim_strays) {
+            self.fetch(stmts, &stmts.claim_strays, &v).await?
+        } else {
+            rows
+        };
+        if rows.is_empty() {
+            return Ok(Taken::None(plan));
+        }
+        let out = self.deliveries_of(stmts, queue, rows, lease).await;
+        self.inner
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(queue);
+        Ok(Taken::Rows(out))
+    }
+
+    /// Runs the claim statement `v` of `plan`, by priority or in due order.
+    async fn fetch_claim(
+        &self,
+        stmts: &Statements,
+        queue: &str,
+        v: &Vals,
+        plan: Plan,
+        by_priority: bool,
+    ) -> Result<Vec<RowRead>, BrokerError> {
+        if stmts.table.fifo && DB::LOCKS_FIFO_GROUPS {
+            // One row per group in work: claims of a FIFO group are serialised by a
+            // transaction-scoped advisory lock (SKIP LOCKED alone would let a second
+            // worker take the row behind a locked head).
+            let mut conn = acquire(self.pool()?).await?;
+            let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
+            DB::lock_fifo_group(&mut tx, format!("{}:{queue}", stmts.qualified)).await?;
+            let rows = fetch_in::<DB>(&mut *tx, &stmts.claim, v, &stmts.table).await?;
+            tx.commit().await.map_err(db_err)?;
+            return Ok(rows
+                .iter()
+                .map(|r| read::<DB>(r, &stmts.table))
+                .collect::<Vec<_>>());
+        }
+        let stmt = match (plan, by_priority) {
+            (Plan::From(_), false) => &stmts.claim_from,
+            (Plan::Full, false) => &stmts.claim,
+            (Plan::From(_), true) => &stmts.claim_prio_from,
+            (Plan::Full, true) => &stmts.claim_prio,
+        };
+        self.fetch(stmts, stmt, v).await
+    }
+
+    /// The deliveries of the rows a claim took; a row that cannot be read is dead-lettered by
+    /// itself, and the others of the claim run.
+    async fn deliveries_of(
+        &self,
+        stmts: &Statements,
+        queue: &str,
+        rows: Vec<RowRead>,
+        lease: DateTime<Utc>,
+    ) -> Vec<Delivery<SqlReceipt>> {
+        let mut out = Vec::with_capacity(rows.len());
+        for mut r in rows {
+            // An id the table's type does not describe (a text in an SQLite
+            // integer column) is fenced on as it reads.
+            let id =
+                IdValue::parse(&stmts.table, &r.id).unwrap_or_else(|_| IdValue::Text(r.id.clone()));
+            if let Some(problem) = r.problem.take() {
+                self.dead_letter_unreadable(queue, r, id, lease, &problem)
+                    .await;
+                continue;
+            }
+            let doc = HeaderDoc::parse(r.headers.as_deref());
+            let envelope = self.envelope_of(queue, &r, &doc);
+            out.push(Delivery {
+                envelope,
+                receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
+            });
+        }
+        out
+    }
+
+    /// A claim that took nothing: when to look again, at the next due time or after the poll
+    /// interval, recorded as the queue's idle time. A row due already but not claimable (its
+    /// FIFO group is busy) waits for a wake-up or the poll; one that became due just now is
+    /// looked for once more at once: `true` then (`looked_again` records it).
+    async fn idle_until(
+        &self,
+        stmts: &Statements,
+        queue: &str,
+        plan: Plan,
+        wakes: u64,
+        looked_again: &mut bool,
+    ) -> bool {
+        let next = self.next_due_from(stmts, queue, plan).await;
+        let mut until = tokio::time::Instant::now() + self.broker.poll;
+        if let Some(t) = next {
+            match (t - self.broker.now()).to_std() {
+                Ok(d) if !d.is_zero() => until = until.min(tokio::time::Instant::now() + d),
+                _ if !*looked_again => {
+                    *looked_again = true;
+                    return true;
+                }
+                _ => {}
+            }
+        }
+        self.inner
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(queue.to_owned(), Idle { until, wakes });
+        false
+    }
+
     pub(super) async fn renew_row(
         &self,
         queue: &str,
@@ -238,20 +296,13 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         };
         match renew_in::<DB>(&mut conn, &stmts, &v).await {
             Ok((n, at)) => {
+                // A renewal answers renewed or lost, nothing else: after a settlement whose
+                // reply was lost, "lost" may mean that settlement took effect, and the
+                // runtime's settle path tries it again to tell (its fence answers).
                 let renewed = n == 1;
                 if renewed {
                     receipt.confirmed(new);
                     receipt.moved(at);
-                } else if receipt
-                    .settle_failed
-                    .load(std::sync::atomic::Ordering::SeqCst)
-                {
-                    // Not "lost": the settlement tried before may have taken effect
-                    // (released or deleted the row) and only its reply was lost. The
-                    // settlement's next try tells.
-                    return Err(BrokerError::Backend(
-                        "the row is no longer leased to this delivery: the settlement tried before may have taken effect (its reply was lost)".to_owned(),
-                    ));
                 }
                 Ok(renewed)
             }
@@ -307,34 +358,6 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         }
     }
 
-    /// Whether the next claim of `queue` is its fair one (a table with a priority column): the
-    /// [`FAIR_CLAIM_EVERY`](stagedoor_jobs::FAIR_CLAIM_EVERY)-th, 2×..-th claim of this route
-    /// that takes rows is made in due order alone, the jobs that waited longest first. Claims
-    /// that find nothing are not counted: a fair claim that finds nothing is tried again by
-    /// the next claim.
-    fn fair_turn(&self, queue: &str) -> bool {
-        let taken = self
-            .inner
-            .taken
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(queue)
-            .copied()
-            .unwrap_or(0);
-        (taken + 1) % stagedoor_jobs::FAIR_CLAIM_EVERY == 0
-    }
-
-    /// A claim of `queue` took rows (see [`fair_turn`](Self::fair_turn)).
-    fn count_taken(&self, queue: &str) {
-        let mut taken = self
-            .inner
-            .taken
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = taken.entry(queue.to_owned()).or_default();
-        *n = n.wrapping_add(1);
-    }
-
     /// When the next row of `queue` becomes claimable; above the floor only when the
     /// claim just made looked only there (rows below wait for the next full claim).
     async fn next_due_from(
@@ -384,4 +407,12 @@ async fn renew_in<DB: Dialect>(
     }
     let rows = fetch_in::<DB>(&mut *conn, &stmts.renew, v, &stmts.table).await?;
     Ok((rows.len() as u64, moved(&rows)))
+}
+
+/// What one claim statement took.
+enum Taken {
+    /// The deliveries of the rows it took (empty when every one was unreadable).
+    Rows(Vec<Delivery<SqlReceipt>>),
+    /// Nothing: the plan it was made with.
+    None(Plan),
 }

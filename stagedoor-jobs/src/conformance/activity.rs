@@ -236,7 +236,12 @@ async fn publish_direct<B: Broker>(broker: &B, j: crate::Job) -> String {
 /// `delay`.
 async fn claim_and_retry<B: Broker>(broker: &B, queue: &str, id: &str, delay: Duration) {
     let mut claimed = broker
-        .claim(queue, 1, Duration::from_secs(2))
+        .claim(
+            queue,
+            1,
+            Duration::from_secs(2),
+            crate::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(claimed.len(), 1, "the due job is claimed");

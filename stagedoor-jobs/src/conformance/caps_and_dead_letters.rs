@@ -301,7 +301,12 @@ pub async fn job_claimed_beyond_its_cap_is_dead_lettered_without_running<F: Fixt
         .expect("publish");
     for attempt in 1..=CAP {
         let got = direct
-            .claim(Q, 1, Duration::from_secs(2))
+            .claim(
+                Q,
+                1,
+                Duration::from_secs(2),
+                crate::broker::ClaimOrder::Priority,
+            )
             .await
             .expect("claim");
         assert_eq!(got.len(), 1, "claim {attempt} gets the job");

@@ -155,14 +155,24 @@ pub async fn settlement_after_a_lost_lease_is_fenced<F: Fixture>(fixture: F) {
         .expect("publish");
 
     let mut first = direct
-        .claim(Q, 1, Duration::from_secs(2))
+        .claim(
+            Q,
+            1,
+            Duration::from_secs(2),
+            crate::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(first.len(), 1, "the first claim gets the job");
     let first = first.remove(0);
     tokio::time::sleep(LEASE + MARGIN).await;
     let mut second = direct
-        .claim(Q, 1, Duration::from_secs(2))
+        .claim(
+            Q,
+            1,
+            Duration::from_secs(2),
+            crate::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(second.len(), 1, "the expired lease makes the job claimable");

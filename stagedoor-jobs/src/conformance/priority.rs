@@ -8,14 +8,22 @@ use std::time::Duration;
 use super::fixture::Fixture;
 use super::support::*;
 use crate::broker::{
-    Broker, Cancelled, DeadLetters, DeadSelector, Delivery, Inspect, Publish, Settlement,
+    Broker, Cancelled, DeadLetters, DeadSelector, Delivery, FairTurn, Inspect, Publish, Settlement,
 };
 use crate::{FAIR_CLAIM_EVERY, Failure, FailureCause, Priority};
 
-/// Claims one job (waiting up to [`PATIENCE`] for one) and acknowledges it; returns its
-/// number and priority.
-async fn claim_one<B: Broker>(direct: &B, queue: &str) -> (u64, Priority, Delivery<B::Receipt>) {
-    let mut got = direct.claim(queue, 1, PATIENCE).await.expect("claim");
+/// Claims one job (waiting up to [`PATIENCE`] for one) in the order `turn` gives, as the
+/// runtime does, and counts it there; returns its number, priority and delivery.
+async fn claim_one<B: Broker>(
+    direct: &B,
+    queue: &str,
+    turn: &FairTurn,
+) -> (u64, Priority, Delivery<B::Receipt>) {
+    let mut got = direct
+        .claim(queue, 1, PATIENCE, turn.order())
+        .await
+        .expect("claim");
+    turn.claimed(got.len());
     assert_eq!(got.len(), 1, "one job is claimed");
     let d = got.remove(0);
     let msg: Msg = serde_json::from_slice(d.envelope.payload()).expect("a Msg");
@@ -70,8 +78,9 @@ pub async fn priority_claims_higher_first_and_fifo_among_equals<F: Fixture>(fixt
         "the levels are not queues of their own: {queues:?}"
     );
     let mut order = Vec::new();
+    let turn = FairTurn::default();
     for _ in 0..levels.len() {
-        let (n, p, d) = claim_one(&direct, Q).await;
+        let (n, p, d) = claim_one(&direct, Q, &turn).await;
         let published = levels.iter().find(|l| l.0 == n).expect("a published job").1;
         assert_eq!(p, published, "job {n} is delivered with its priority");
         order.push(n);
@@ -92,6 +101,7 @@ pub async fn priority_claims_higher_first_and_fifo_among_equals<F: Fixture>(fixt
 /// once, and replayed from its dead letter, it comes back at its level, ahead of them.
 async fn level_kept_through_delay_retry_and_replay<B: Broker>(broker: &B, direct: &B, kept: &str) {
     let (q, dead) = (kept, broker.default_dead_letter(kept));
+    let turn = FairTurn::default();
     direct.prepare(q).await.expect("prepare");
     direct
         .publish_job(job(q, 10).priority(Priority::HIGH).after(DELAY))
@@ -100,7 +110,7 @@ async fn level_kept_through_delay_retry_and_replay<B: Broker>(broker: &B, direct
     direct.publish_job(job(q, 11)).await.expect("publish");
     direct.publish_job(job(q, 12)).await.expect("publish");
     tokio::time::sleep(DELAY + MARGIN).await;
-    let (n, p, d) = claim_one(direct, q).await;
+    let (n, p, d) = claim_one(direct, q, &turn).await;
     assert_eq!(
         (n, p),
         (10, Priority::HIGH),
@@ -119,7 +129,7 @@ async fn level_kept_through_delay_retry_and_replay<B: Broker>(broker: &B, direct
         )
         .await
         .expect("settle");
-    let (n, p, d) = claim_one(direct, q).await;
+    let (n, p, d) = claim_one(direct, q, &turn).await;
     assert_eq!(
         (n, p, d.envelope.attempt()),
         (10, Priority::HIGH, 2),
@@ -142,7 +152,7 @@ async fn level_kept_through_delay_retry_and_replay<B: Broker>(broker: &B, direct
         .await
         .expect("replay");
     assert_eq!(report.replayed, 1, "{report:?}");
-    let (n, p, d) = claim_one(direct, q).await;
+    let (n, p, d) = claim_one(direct, q, &turn).await;
     assert_eq!(
         (n, p),
         (10, Priority::HIGH),
@@ -150,7 +160,7 @@ async fn level_kept_through_delay_retry_and_replay<B: Broker>(broker: &B, direct
     );
     ack(direct, q, &d).await;
     for want in [11, 12] {
-        let (n, p, d) = claim_one(direct, q).await;
+        let (n, p, d) = claim_one(direct, q, &turn).await;
         assert_eq!((n, p), (want, Priority::NORMAL));
         ack(direct, q, &d).await;
     }
@@ -183,8 +193,9 @@ pub async fn no_priority_starves_under_a_flood_of_higher_ones<F: Fixture>(fixtur
             .expect("publish");
     }
     let (mut older_at, mut lowest_at) = (None, None);
+    let turn = FairTurn::default();
     for claim in 1..=flood + 2 {
-        let (n, _, d) = claim_one(&direct, Q).await;
+        let (n, _, d) = claim_one(&direct, Q, &turn).await;
         ack(&direct, Q, &d).await;
         match n {
             OLDER => older_at = Some(claim),

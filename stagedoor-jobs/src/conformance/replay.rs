@@ -269,7 +269,12 @@ pub async fn replay_and_purge_refuse_a_name_that_is_no_dead_letter<F: Fixture>(f
         .await
         .expect("publish delayed");
     let mut claimed = direct
-        .claim(LIVE, 1, Duration::from_secs(2))
+        .claim(
+            LIVE,
+            1,
+            Duration::from_secs(2),
+            crate::broker::ClaimOrder::Priority,
+        )
         .await
         .expect("claim");
     assert_eq!(claimed.len(), 1, "the first job is claimed");

@@ -273,6 +273,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                     limiter: limits.map(|l| Limiter::new(&q.name, l)),
                     cancels: Mutex::new(HashMap::new()),
                     held_id: ctx.held_back.register(&q.name),
+                    fair: crate::broker::FairTurn::default(),
                 };
                 handles.push(tokio::spawn(Arc::new(worker).run()));
             }

@@ -102,9 +102,9 @@ impl<B: Broker> Worker<B> {
         // aborted); the job is then delivered again after its lease. An error that is not about
         // the connection is tried 5 times.
         let every = (self.broker.lease() / 3).max(MIN_RENEW_EVERY);
-        let mut renewed: Option<tokio::time::Instant> = None;
-        let mut wait = Duration::from_millis(50);
-        let mut failures: u32 = 0;
+        // The last renewal between tries, and whether one found the lease gone (then no more).
+        let (mut renewed, mut lost_renewal) = (None::<tokio::time::Instant>, false);
+        let (mut wait, mut failures) = (Duration::from_millis(50), 0u32);
         loop {
             // Boxed, as the renewal above: one allocation instead of a task the size of the
             // backend's largest future.
@@ -118,33 +118,11 @@ impl<B: Broker> Worker<B> {
                     if failures > 0 {
                         tracing::info!("settled after {failures} failed tries");
                     }
-                    crate::counters::count(
-                        &self.queue.name,
-                        self.kind_label(delivery.envelope.kind()),
-                        &settlement,
-                    );
-                    if !matches!(settlement, Settlement::Retry { .. }) {
-                        self.finish_unique(&delivery.envelope).await;
-                    }
-                    self.tally.count(&settlement, self.broker.clock().now());
-                    if matches!(settlement, Settlement::DeadLetter { .. }) {
-                        self.ctx.dead_lettered.notify_one();
-                    }
+                    self.took_effect(delivery, &settlement).await;
                     return;
                 }
                 Ok(Settled::LeaseLost) => {
-                    for o in self.ctx.observers.iter() {
-                        o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
-                    }
-                    if failures > 0 {
-                        tracing::warn!(
-                            "the job was no longer held when its settlement was tried again: either an earlier try took effect before the connection broke (nothing more to do), or its lease ran out meanwhile and another worker took it (its outcome stands)"
-                        );
-                    } else {
-                        tracing::warn!(
-                            "the lease was lost before settling: the job was reclaimed by another worker, whose outcome stands; nothing changed"
-                        );
-                    }
+                    self.fenced(subscriber, delivery, failures > 0);
                     return;
                 }
                 Err(e) if e.is_transient() || failures < 4 => {
@@ -154,19 +132,19 @@ impl<B: Broker> Worker<B> {
                         tracing::warn!(error = %e, "could not settle ({failures} tries): trying again, the lease renewed meanwhile");
                     }
                     // Renewed at once (the handler's last renewal may be most of a third of
-                    // the lease ago), then every third of the lease.
-                    if renewed.is_none_or(|t| t.elapsed() >= every) {
+                    // the lease ago), then every third of the lease, until a renewal says the
+                    // lease is gone. That alone decides nothing: an earlier try may have taken
+                    // effect with only its reply lost (the row released, the entry acked), so
+                    // the settlement is tried again and its fence tells which.
+                    if !lost_renewal && renewed.is_none_or(|t| t.elapsed() >= every) {
                         renewed = Some(tokio::time::Instant::now());
                         if let Ok(false) =
                             Box::pin(self.broker.renew(&self.queue.name, &delivery.receipt)).await
                         {
-                            for o in self.ctx.observers.iter() {
-                                o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
-                            }
-                            tracing::warn!(
-                                "the lease was lost while the settlement waited for the server: another worker may run this job; this outcome is discarded"
+                            lost_renewal = true;
+                            tracing::debug!(
+                                "the lease was no longer held while the settlement waited for the server: trying the settlement again, whose fence tells whether an earlier try took effect"
                             );
-                            return;
                         }
                     }
                     tokio::time::sleep(wait.min(every)).await;
@@ -177,6 +155,40 @@ impl<B: Broker> Worker<B> {
                     return;
                 }
             }
+        }
+    }
+
+    /// A settlement that took effect: counted, a unique job's window started, a dead letter
+    /// announced to the monitor.
+    async fn took_effect(&self, delivery: &Delivery<B::Receipt>, settlement: &Settlement) {
+        crate::counters::count(
+            &self.queue.name,
+            self.kind_label(delivery.envelope.kind()),
+            settlement,
+        );
+        if !matches!(settlement, Settlement::Retry { .. }) {
+            self.finish_unique(&delivery.envelope).await;
+        }
+        self.tally.count(settlement, self.broker.clock().now());
+        if matches!(settlement, Settlement::DeadLetter { .. }) {
+            self.ctx.dead_lettered.notify_one();
+        }
+    }
+
+    /// A settlement its fence refused (the lease was lost): the observers take it back.
+    /// `retried`: it was not the first try.
+    fn fenced(&self, subscriber: &str, delivery: &Delivery<B::Receipt>, retried: bool) {
+        for o in self.ctx.observers.iter() {
+            o.lease_lost(subscriber, &self.queue.name, &delivery.envelope);
+        }
+        if retried {
+            tracing::warn!(
+                "the job was no longer held when its settlement was tried again: either an earlier try took effect before the connection broke (nothing more to do), or its lease ran out meanwhile and another worker took it (its outcome stands)"
+            );
+        } else {
+            tracing::warn!(
+                "the lease was lost before settling: the job was reclaimed by another worker, whose outcome stands; nothing changed"
+            );
         }
     }
 }

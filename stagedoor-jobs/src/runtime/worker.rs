@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 
 use super::context::RunCtx;
 use super::limits::Limiter;
-use crate::broker::{Broker, Delivery};
+use crate::broker::{Broker, Delivery, FairTurn};
 use crate::health::{TaskCell, lock};
 use crate::mount::MountSpec;
 use crate::supervise::supervise;
@@ -94,6 +94,8 @@ pub(super) struct Worker<B> {
     pub(super) held_id: u64,
     /// The cancellation of each delivery in flight, by job id.
     pub(super) cancels: Mutex<HashMap<crate::JobId, crate::Cancellation>>,
+    /// The claims that took jobs, which pick each claim's order (the fair turn).
+    pub(super) fair: FairTurn,
 }
 
 impl<B: Broker> Worker<B> {
@@ -175,31 +177,9 @@ impl<B: Broker> Worker<B> {
                 return;
             }
             self.reap();
-            let first = tokio::select! {
-                // `slots` is never closed (see its field).
-                p = Arc::clone(&self.slots).acquire_owned() => p.expect("semaphore never closed"),
-                _ = stop.changed() => return,
+            let Some(mut permits) = self.free_slots(&mut stop).await else {
+                return;
             };
-            let mut permits = vec![first];
-            let want = self.capacity.min(MAX_BATCH);
-            while permits.len() < want {
-                match Arc::clone(&self.slots).try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
-            }
-            if permits.len() < want / 2 {
-                let until = tokio::time::Instant::now() + GATHER;
-                while permits.len() < want {
-                    match tokio::time::timeout_at(until, Arc::clone(&self.slots).acquire_owned())
-                        .await
-                    {
-                        // `slots` is never closed (see its field).
-                        Ok(p) => permits.push(p.expect("semaphore never closed")),
-                        Err(_) => break,
-                    }
-                }
-            }
             let mut asked = permits.len();
             // The queue's global limits: a permit of each per job claimed, taken first.
             let mut grant = None;
@@ -236,46 +216,94 @@ impl<B: Broker> Worker<B> {
             }
             let claimed_at = tokio::time::Instant::now();
             // A claim is never cancelled half-way: it waits at most CLAIM_WAIT.
-            let claimed = self.broker.claim(&self.queue.name, asked, CLAIM_WAIT).await;
+            let order = self.fair.order();
+            let claimed = (self.broker)
+                .claim(&self.queue.name, asked, CLAIM_WAIT, order)
+                .await;
             if let (Some(l), Some(g)) = (&self.limiter, grant.as_mut()) {
                 let got = claimed.as_ref().map_or(0, Vec::len);
                 let waited = claimed_at.elapsed() > Duration::from_millis(5);
                 l.after_claim(&self.broker, g, got, waited).await;
             }
-            let mut running = grant.map(|g| g.running).unwrap_or_default();
+            let running = grant.map(|g| g.running).unwrap_or_default();
             match claimed {
-                Ok(deliveries) => {
-                    let failed = self.health.claim_ok();
-                    if failed > 0 {
-                        tracing::info!(queue = %self.queue.name, "claiming again after {failed} failed attempts");
-                    }
-                    if deliveries.len() > asked {
-                        tracing::error!(
-                            queue = %self.queue.name,
-                            backend = self.broker.backend(),
-                            asked,
-                            got = deliveries.len(),
-                            "the broker returned {} deliveries for a claim of at most {asked}, which breaks its contract: the {} extra are processed all the same (they are leased already)",
-                            deliveries.len(),
-                            deliveries.len() - asked
-                        );
-                    }
-                    for d in deliveries {
-                        // One beyond the claim's permits (a broker returning more than asked)
-                        // takes a free slot if there is one, and runs without one otherwise:
-                        // its handler still waits for its mount's permit.
-                        let permit = permits
-                            .pop()
-                            .or_else(|| Arc::clone(&self.slots).try_acquire_owned().ok());
-                        self.start(d, permit, running.pop());
-                    }
-                }
+                Ok(deliveries) => self.claimed(deliveries, asked, permits, running),
                 Err(e) => {
                     if self.claim_failed(&e, &mut stop).await {
                         return;
                     }
                 }
             }
+        }
+    }
+
+    /// The slots of the next claim: at least one (waiting for it), as many more as are free,
+    /// and, when fewer than half are, those that free up within [`GATHER`]. `None` when the
+    /// service stopped meanwhile.
+    async fn free_slots(
+        &self,
+        stop: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<Vec<OwnedSemaphorePermit>> {
+        let first = tokio::select! {
+            // `slots` is never closed (see its field).
+            p = Arc::clone(&self.slots).acquire_owned() => p.expect("semaphore never closed"),
+            _ = stop.changed() => return None,
+        };
+        let mut permits = vec![first];
+        let want = self.capacity.min(MAX_BATCH);
+        while permits.len() < want {
+            match Arc::clone(&self.slots).try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        if permits.len() < want / 2 {
+            let until = tokio::time::Instant::now() + GATHER;
+            while permits.len() < want {
+                match tokio::time::timeout_at(until, Arc::clone(&self.slots).acquire_owned()).await
+                {
+                    // `slots` is never closed (see its field).
+                    Ok(p) => permits.push(p.expect("semaphore never closed")),
+                    Err(_) => break,
+                }
+            }
+        }
+        Some(permits)
+    }
+
+    /// Starts the deliveries a claim of at most `asked` returned, each holding one of
+    /// `permits` (and one of `running`, the queue's global concurrency permits).
+    fn claimed(
+        self: &Arc<Self>,
+        deliveries: Vec<Delivery<B::Receipt>>,
+        asked: usize,
+        mut permits: Vec<OwnedSemaphorePermit>,
+        mut running: Vec<String>,
+    ) {
+        self.fair.claimed(deliveries.len());
+        let failed = self.health.claim_ok();
+        if failed > 0 {
+            tracing::info!(queue = %self.queue.name, "claiming again after {failed} failed attempts");
+        }
+        if deliveries.len() > asked {
+            tracing::error!(
+                queue = %self.queue.name,
+                backend = self.broker.backend(),
+                asked,
+                got = deliveries.len(),
+                "the broker returned {} deliveries for a claim of at most {asked}, which breaks its contract: the {} extra are processed all the same (they are leased already)",
+                deliveries.len(),
+                deliveries.len() - asked
+            );
+        }
+        for d in deliveries {
+            // One beyond the claim's permits (a broker returning more than asked) takes a free
+            // slot if there is one, and runs without one otherwise: its handler still waits
+            // for its mount's permit.
+            let permit = permits
+                .pop()
+                .or_else(|| Arc::clone(&self.slots).try_acquire_owned().ok());
+            self.start(d, permit, running.pop());
         }
     }
 

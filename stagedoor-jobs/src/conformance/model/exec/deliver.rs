@@ -14,7 +14,16 @@ impl<F: Fixture> Exec<'_, F> {
     /// Claims up to `max` and checks each delivery against the model. Returns how many.
     pub(super) async fn claim(&mut self, max: usize) -> Result<usize, Failed> {
         let t0 = self.now();
-        let got = call("claim", self.broker.claim(QUEUE, max, Duration::ZERO)).await?;
+        let got = call(
+            "claim",
+            self.broker.claim(
+                QUEUE,
+                max,
+                Duration::ZERO,
+                crate::broker::ClaimOrder::Priority,
+            ),
+        )
+        .await?;
         let t1 = self.now();
         let deliveries = match got {
             Ok(d) => d,

@@ -145,10 +145,17 @@ impl<F: Fixture> Exec<'_, F> {
                 ),
             )
         };
-        let claimed =
-            tokio::time::timeout(OUTAGE_LIMIT, self.broker.claim(QUEUE, 1, Duration::ZERO))
-                .await
-                .map_err(|_| hung("a claim"))?;
+        let claimed = tokio::time::timeout(
+            OUTAGE_LIMIT,
+            self.broker.claim(
+                QUEUE,
+                1,
+                Duration::ZERO,
+                crate::broker::ClaimOrder::Priority,
+            ),
+        )
+        .await
+        .map_err(|_| hung("a claim"))?;
         if let Ok(d) = claimed {
             return Err(fail(
                 "answered while down",
