@@ -3,10 +3,12 @@
 //! service itself is running or has failed. Read it with [`Running::health`](crate::Running::health).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
+
+use crate::kit::lock;
 
 /// The state of one supervised loop: a queue's claim loop, the metrics monitor, the scheduler.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -160,12 +162,6 @@ impl Health {
         }
         out
     }
-}
-
-/// Locks `m`, whatever a panic elsewhere left in it (the values guarded here are counters and
-/// states, each always whole).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What the supervisor sets of a task's state.
