@@ -15,6 +15,7 @@ use sha2::Digest as _;
 use subtle::ConstantTimeEq as _;
 
 use crate::data::{App, Backend};
+use stagedoor_jobs::kit::lock;
 
 /// The cookie holding the CSRF nonce over plain HTTP; forms carry an HMAC of it (bound to the
 /// session), never the value itself.
@@ -204,9 +205,7 @@ struct Failures {
 
 impl Throttle {
     fn state(&self) -> std::sync::MutexGuard<'_, Failures> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.0)
     }
 
     /// `Some(how long to wait)` when `client` (or everyone) has failed too often: its next
@@ -271,9 +270,7 @@ pub(crate) struct Sessions(std::sync::Mutex<HashMap<String, Instant>>);
 
 impl Sessions {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.0)
     }
 
     /// Starts a session; returns its id.

@@ -38,6 +38,7 @@ use crate::entry::Fields;
 use crate::errors::Errors;
 use crate::keys::{DEAD_SUFFIX, Keys};
 use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
+use stagedoor_jobs::kit::lock;
 
 /// The consumer group every worker joins.
 pub(crate) const GROUP: &str = "stagedoor";
@@ -345,11 +346,7 @@ impl RedisBroker {
 
     /// [`keys`](Self::keys), shared: looked up once formatted (the settlement path).
     pub(crate) fn cached_keys(&self, name: &str) -> Arc<Keys> {
-        let mut cache = self
-            .inner
-            .keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = lock(&self.inner.keys);
         if let Some(k) = cache.get(&self.namespace).and_then(|m| m.get(name)) {
             return Arc::clone(k);
         }
@@ -370,11 +367,7 @@ impl RedisBroker {
         if level == Priority::NORMAL {
             return self.cached_keys(name);
         }
-        let mut cache = self
-            .inner
-            .keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = lock(&self.inner.keys);
         // Not a queue's name (`#` cannot start a level's suffix): no clash with a queue.
         let cached = format!("{name}#{level}");
         if let Some(k) = cache.get(&self.namespace).and_then(|m| m.get(&cached)) {
@@ -467,10 +460,7 @@ impl RedisBroker {
 
     /// `queue`'s housekeeping (a fresh one the first time).
     pub(crate) fn housekeeping(&self, queue: &str) -> Housekeeping {
-        self.inner
-            .housekeeping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.inner.housekeeping)
             .get(queue)
             .copied()
             .unwrap_or_default()
@@ -478,11 +468,7 @@ impl RedisBroker {
 
     /// Changes `queue`'s housekeeping in place.
     pub(crate) fn update_housekeeping(&self, queue: &str, f: impl FnOnce(&mut Housekeeping)) {
-        let mut all = self
-            .inner
-            .housekeeping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all = lock(&self.inner.housekeeping);
         f(all.entry(queue.to_owned()).or_default());
     }
 

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use stagedoor_jobs::broker::{BrokerError, Delivery, Settled, Settlement};
+use stagedoor_jobs::kit::lock;
 
 use crate::broker::{AckReq, DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, SettleOp, ms};
 use crate::conn::Conn;
@@ -267,11 +268,7 @@ impl RedisBroker {
         c: &Conn,
         keys: &Keys,
     ) -> tokio::sync::mpsc::UnboundedSender<AckReq> {
-        let mut acks = self
-            .inner
-            .acks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut acks = lock(&self.inner.acks);
         if let Some(tx) = acks.get(&keys.stream).filter(|tx| !tx.is_closed()) {
             return tx.clone();
         }

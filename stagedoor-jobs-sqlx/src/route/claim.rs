@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::broker::{Broker, BrokerError, Delivery, Inspect, Settled, Settlement};
+use stagedoor_jobs::kit::{ClockWatch, lock};
 use stagedoor_jobs::{Failure, FailureCause, Inbox};
 
 use super::{Idle, SqlxRoute, fetch_in, run_in};
@@ -27,7 +28,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     ) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
         let stmts = self.stmts_for(queue).await?;
         let deadline = tokio::time::Instant::now() + wait;
-        let mut clock_rx = self.broker.clock().subscribe();
+        let mut clock = ClockWatch::new(&self.broker.clock());
         let mut looked_again = false;
         loop {
             let notified = self.broker.shared.wake.notified();
@@ -38,13 +39,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 .shared
                 .wakes
                 .load(std::sync::atomic::Ordering::SeqCst);
-            let idle = self
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(queue)
-                .copied();
+            let idle = lock(&self.inner.idle).get(queue).copied();
             // Nothing woke this process since a claim found the queue empty, and the
             // next row is not due yet: wait instead of asking again. A worker of an
             // idle queue queries once per poll interval (Postgres NOTIFY and this
@@ -152,11 +147,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                             receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
                         });
                     }
-                    self.inner
-                        .idle
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .remove(queue);
+                    lock(&self.inner.idle).remove(queue);
                     if out.is_empty() {
                         // Every row claimed was unreadable, and is gone: claim again.
                         continue;
@@ -178,33 +169,13 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                         _ => {}
                     }
                 }
-                self.inner
-                    .idle
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(queue.to_owned(), Idle { until, wakes });
+                lock(&self.inner.idle).insert(queue.to_owned(), Idle { until, wakes });
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
                 return Ok(Vec::new());
             }
-            let clock_changed = async {
-                match clock_rx.as_mut() {
-                    Some(rx) => {
-                        if rx.changed().await.is_err() {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let until = self
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(queue)
-                .map(|i| i.until);
+            let until = lock(&self.inner.idle).get(queue).map(|i| i.until);
             let nap = until.map_or(left, |u| {
                 left.min(u.saturating_duration_since(tokio::time::Instant::now()))
             });
@@ -212,8 +183,8 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             let _idle = self.broker.idle_claim();
             tokio::select! {
                 _ = notified => {}
-                _ = clock_changed => {
-                    self.inner.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(queue);
+                () = clock.changed() => {
+                    lock(&self.inner.idle).remove(queue);
                     self.inner.floors.reset(queue);
                 }
                 _ = tokio::time::sleep(nap) => {}
@@ -313,24 +284,13 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     /// that find nothing are not counted: a fair claim that finds nothing is tried again by
     /// the next claim.
     fn fair_turn(&self, queue: &str) -> bool {
-        let taken = self
-            .inner
-            .taken
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(queue)
-            .copied()
-            .unwrap_or(0);
+        let taken = lock(&self.inner.taken).get(queue).copied().unwrap_or(0);
         (taken + 1) % stagedoor_jobs::FAIR_CLAIM_EVERY == 0
     }
 
     /// A claim of `queue` took rows (see [`fair_turn`](Self::fair_turn)).
     fn count_taken(&self, queue: &str) {
-        let mut taken = self
-            .inner
-            .taken
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut taken = lock(&self.inner.taken);
         let n = taken.entry(queue.to_owned()).or_default();
         *n = n.wrapping_add(1);
     }

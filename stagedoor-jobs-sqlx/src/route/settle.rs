@@ -9,6 +9,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::Inbox;
 use stagedoor_jobs::broker::{BrokerError, Delivery, Settled, Settlement};
+use stagedoor_jobs::kit::lock;
 
 use super::{BACKDATE, SqlxRoute, run_in};
 use crate::batch::{Op, SettleReq, settle_loop};
@@ -192,11 +193,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     /// say): one dead task never makes every later settlement fail. A panic inside it
     /// restarts it in place.
     fn settle_sender(&self) -> Result<tokio::sync::mpsc::UnboundedSender<SettleReq>, BrokerError> {
-        let mut slot = self
-            .inner
-            .settles
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut slot = lock(&self.inner.settles);
         if let Some(tx) = slot.as_ref().filter(|tx| !tx.is_closed()) {
             return Ok(tx.clone());
         }
