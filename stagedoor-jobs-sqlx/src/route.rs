@@ -60,8 +60,8 @@ struct Idle {
 
 struct RouteInner {
     /// The batched settlements: the channel to their task, started at the first settlement
-    /// and again whenever it is found stopped (see `settle_sender`).
-    settles: Mutex<Option<tokio::sync::mpsc::UnboundedSender<SettleReq>>>,
+    /// and again whenever it is found stopped (see `settle_batched`).
+    settles: stagedoor_jobs::kit::Batchers<SettleReq>,
     table: Table,
     idle: Mutex<HashMap<String, Idle>>,
     stmts: Result<Arc<Statements>, Vec<String>>,
@@ -146,7 +146,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             broker,
             default_group: Arc::from(group),
             inner: Arc::new(RouteInner {
-                settles: Mutex::new(None),
+                settles: stagedoor_jobs::kit::Batchers::new(),
                 table,
                 idle: Mutex::new(HashMap::new()),
                 stmts,
