@@ -90,8 +90,8 @@ pub(crate) struct Inner {
     /// Per namespace and queue, its keys: a settlement looks them up instead of formatting
     /// them again (emptied past [`KEYS_CACHED`] queues).
     pub(crate) keys: Mutex<HashMap<String, HashMap<String, Arc<Keys>>>>,
-    /// Per stream, the task that acknowledges settled deliveries in batches.
-    pub(crate) acks: Mutex<HashMap<String, tokio::sync::mpsc::UnboundedSender<AckReq>>>,
+    /// Per stream, the task that settles deliveries in batches.
+    pub(crate) settles: stagedoor_jobs::kit::Batchers<SettleReq>,
     /// Per queue, the caps of its mounts that have a dead letter (told by [`Broker::check`]
     /// at startup): an entry whose `attempts` field alone reaches its mount's cap is
     /// dead-lettered at claim time, saying so.
@@ -109,11 +109,11 @@ pub(crate) struct Cap {
 /// A settlement to make in its stream's next [`SETTLE_MANY`](crate::scripts::SETTLE_MANY)
 /// call. The answer is 0 when the lease was lost, else 1 plus the dead-stream entries its dead
 /// letter trimmed.
-pub(crate) struct AckReq {
+pub(crate) struct SettleReq {
     pub(crate) id: String,
     pub(crate) deliveries: u64,
     pub(crate) op: SettleOp,
-    pub(crate) reply: tokio::sync::oneshot::Sender<Result<i64, BrokerError>>,
+    pub(crate) reply: stagedoor_jobs::kit::Reply<i64>,
 }
 
 /// What a batched settlement does with its delivery.
@@ -217,7 +217,7 @@ impl RedisBroker {
                 trimmed: AtomicU64::new(0),
                 dead_read: AtomicU64::new(0),
                 dead_read_largest: AtomicU64::new(0),
-                acks: Mutex::new(HashMap::new()),
+                settles: stagedoor_jobs::kit::Batchers::new(),
                 keys: Mutex::new(HashMap::new()),
                 caps: Mutex::new(HashMap::new()),
             }),

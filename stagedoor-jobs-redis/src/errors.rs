@@ -9,7 +9,7 @@ use stagedoor_jobs::broker::BrokerError;
 use stagedoor_jobs::kit::lock;
 
 /// The server's errors as the broker reports them, and when the last connection-level one
-/// was seen (shared by the broker's clones and its acknowledgement tasks).
+/// was seen (shared by the broker's clones and its settlement tasks).
 pub(crate) struct Errors {
     /// The server's URL, password masked, for messages.
     url: String,
