@@ -84,9 +84,8 @@ impl RedisBroker {
         counts: &[QueueCounts],
         ttl: Duration,
     ) -> Result<(), BrokerError> {
-        let json = encode_report(worker)?;
         let now = self.now();
-        let keep_from = counts_kept_from(now);
+        let (json, keep_from) = (encode_report(worker)?, counts_kept_from(now));
         let mut inv = REPORT.prepare_invoke();
         inv.key(self.activity_key(&format!("worker:{}", worker.id)))
             .key(self.activity_key("workers"))

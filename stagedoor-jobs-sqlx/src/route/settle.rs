@@ -7,8 +7,8 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::Inbox;
 use stagedoor_jobs::broker::{BrokerError, Delivery, Settled, Settlement};
+use stagedoor_jobs::{Failure, Inbox};
 
 use super::{BACKDATE, SqlxRoute};
 use crate::batch::{Op, SettleReq, settle_loop};
@@ -81,27 +81,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 }
             }
             Settlement::DeadLetter { target, failure } => {
-                let env = &delivery.envelope;
-                let h = env.headers();
-                let doc = HeaderDoc {
-                    kind: (env.kind() != queue).then(|| env.kind().to_owned()),
-                    job_id: Some(env.id().to_string()),
-                    request_id: h.request_id.clone(),
-                    trace: h.trace.clone(),
-                    extra: h.extra.clone(),
-                    origin: Some(queue.to_owned()),
-                    traceback: Some(failure.traceback.clone()),
-                    error: Some(failure.error.clone()),
-                    failed_at: Some(now),
-                };
-                let v = Vals {
-                    target: Some(target.clone()),
-                    error: Some(failure.error.clone()),
-                    headers: Some(doc.to_json()),
-                    // The attempts spent: this delivery's number.
-                    attempt: i64::from(env.attempt()),
-                    ..base()
-                };
+                let v = dead_vals(queue, delivery, &target, &failure, base());
                 let table = if self.grouped() {
                     None
                 } else {
@@ -183,5 +163,37 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             reply,
         };
         self.inner.settles.call("", start, req).await
+    }
+}
+
+/// The values of `delivery`'s move to dead letter `target` from `queue`: `base` (the row and
+/// its lease, the time), the failure, and the headers that say where it came from and why.
+fn dead_vals(
+    queue: &str,
+    delivery: &Delivery<SqlReceipt>,
+    target: &str,
+    failure: &Failure,
+    base: Vals,
+) -> Vals {
+    let env = &delivery.envelope;
+    let h = env.headers();
+    let doc = HeaderDoc {
+        kind: (env.kind() != queue).then(|| env.kind().to_owned()),
+        job_id: Some(env.id().to_string()),
+        request_id: h.request_id.clone(),
+        trace: h.trace.clone(),
+        extra: h.extra.clone(),
+        origin: Some(queue.to_owned()),
+        traceback: Some(failure.traceback.clone()),
+        error: Some(failure.error.clone()),
+        failed_at: base.now,
+    };
+    Vals {
+        target: Some(target.to_owned()),
+        error: Some(failure.error.clone()),
+        headers: Some(doc.to_json()),
+        // The attempts spent: this delivery's number.
+        attempt: i64::from(env.attempt()),
+        ..base
     }
 }
