@@ -23,6 +23,7 @@ use stagedoor_jobs::activity::{
     COUNTS_KEPT, DelayedJob, MinuteCounts, QueueCounts, WorkerReport, minute_of,
 };
 use stagedoor_jobs::broker::BrokerError;
+use stagedoor_jobs::kit::{counts_kept_from, decode_report, encode_report};
 
 use crate::broker::{RedisBroker, ms};
 use crate::entry;
@@ -83,14 +84,8 @@ impl RedisBroker {
         counts: &[QueueCounts],
         ttl: Duration,
     ) -> Result<(), BrokerError> {
-        let json = serde_json::to_string(worker).map_err(|e| {
-            BrokerError::Backend(format!(
-                "cannot encode the report of worker `{}`: {e}",
-                worker.id
-            ))
-        })?;
         let now = self.now();
-        let keep_from = minute_of(now) - stagedoor_jobs::broker::chrono_duration(COUNTS_KEPT);
+        let (json, keep_from) = (encode_report(worker)?, counts_kept_from(now));
         let mut inv = REPORT.prepare_invoke();
         inv.key(self.activity_key(&format!("worker:{}", worker.id)))
             .key(self.activity_key("workers"))
@@ -142,14 +137,7 @@ impl RedisBroker {
             .zip(reports)
             .filter_map(|(id, json)| {
                 // No key: the report ran out since the index was read.
-                let json = json?;
-                match serde_json::from_str::<WorkerReport>(&json) {
-                    Ok(r) => Some(r),
-                    Err(e) => {
-                        tracing::warn!(worker = %id, error = %e, "a worker's report does not read as one: left out");
-                        None
-                    }
-                }
+                decode_report(id, &json?, "redis")
             })
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));

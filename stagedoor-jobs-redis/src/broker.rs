@@ -38,6 +38,7 @@ use crate::entry::Fields;
 use crate::errors::Errors;
 use crate::keys::{DEAD_SUFFIX, Keys};
 use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
+use stagedoor_jobs::kit::lock;
 
 /// The consumer group every worker joins.
 pub(crate) const GROUP: &str = "stagedoor";
@@ -89,8 +90,8 @@ pub(crate) struct Inner {
     /// Per namespace and queue, its keys: a settlement looks them up instead of formatting
     /// them again (emptied past [`KEYS_CACHED`] queues).
     pub(crate) keys: Mutex<HashMap<String, HashMap<String, Arc<Keys>>>>,
-    /// Per stream, the task that acknowledges settled deliveries in batches.
-    pub(crate) acks: Mutex<HashMap<String, tokio::sync::mpsc::UnboundedSender<AckReq>>>,
+    /// Per stream, the task that settles deliveries in batches.
+    pub(crate) settles: stagedoor_jobs::kit::Batchers<SettleReq>,
     /// Per queue, the caps of its mounts that have a dead letter (told by [`Broker::check`]
     /// at startup): an entry whose `attempts` field alone reaches its mount's cap is
     /// dead-lettered at claim time, saying so.
@@ -108,11 +109,11 @@ pub(crate) struct Cap {
 /// A settlement to make in its stream's next [`SETTLE_MANY`](crate::scripts::SETTLE_MANY)
 /// call. The answer is 0 when the lease was lost, else 1 plus the dead-stream entries its dead
 /// letter trimmed.
-pub(crate) struct AckReq {
+pub(crate) struct SettleReq {
     pub(crate) id: String,
     pub(crate) deliveries: u64,
     pub(crate) op: SettleOp,
-    pub(crate) reply: tokio::sync::oneshot::Sender<Result<i64, BrokerError>>,
+    pub(crate) reply: stagedoor_jobs::kit::Reply<i64>,
 }
 
 /// What a batched settlement does with its delivery.
@@ -214,7 +215,7 @@ impl RedisBroker {
                 trimmed: AtomicU64::new(0),
                 dead_read: AtomicU64::new(0),
                 dead_read_largest: AtomicU64::new(0),
-                acks: Mutex::new(HashMap::new()),
+                settles: stagedoor_jobs::kit::Batchers::new(),
                 keys: Mutex::new(HashMap::new()),
                 caps: Mutex::new(HashMap::new()),
             }),
@@ -343,11 +344,7 @@ impl RedisBroker {
 
     /// [`keys`](Self::keys), shared: looked up once formatted (the settlement path).
     pub(crate) fn cached_keys(&self, name: &str) -> Arc<Keys> {
-        let mut cache = self
-            .inner
-            .keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = lock(&self.inner.keys);
         if let Some(k) = cache.get(&self.namespace).and_then(|m| m.get(name)) {
             return Arc::clone(k);
         }
@@ -368,11 +365,7 @@ impl RedisBroker {
         if level == Priority::NORMAL {
             return self.cached_keys(name);
         }
-        let mut cache = self
-            .inner
-            .keys
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = lock(&self.inner.keys);
         // Not a queue's name (`#` cannot start a level's suffix): no clash with a queue.
         let cached = format!("{name}#{level}");
         if let Some(k) = cache.get(&self.namespace).and_then(|m| m.get(&cached)) {
@@ -465,10 +458,7 @@ impl RedisBroker {
 
     /// `queue`'s housekeeping (a fresh one the first time).
     pub(crate) fn housekeeping(&self, queue: &str) -> Housekeeping {
-        self.inner
-            .housekeeping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.inner.housekeeping)
             .get(queue)
             .copied()
             .unwrap_or_default()
@@ -476,11 +466,7 @@ impl RedisBroker {
 
     /// Changes `queue`'s housekeeping in place.
     pub(crate) fn update_housekeeping(&self, queue: &str, f: impl FnOnce(&mut Housekeeping)) {
-        let mut all = self
-            .inner
-            .housekeeping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all = lock(&self.inner.housekeeping);
         f(all.entry(queue.to_owned()).or_default());
     }
 

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use redis::{Value, cmd};
 use stagedoor_jobs::Priority;
 use stagedoor_jobs::broker::{BrokerError, ClaimOrder, Delivery};
+use stagedoor_jobs::kit::lock;
 
 use crate::broker::{Cap, DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, ms};
 use crate::entry::{self, Fields};
@@ -408,11 +409,7 @@ impl RedisBroker {
         if spent == 0 {
             return None;
         }
-        let caps = self
-            .inner
-            .caps
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let caps = lock(&self.inner.caps);
         let mounts = caps.get(queue)?;
         mounts
             .iter()
@@ -506,13 +503,7 @@ impl RedisBroker {
     /// Makes the delayed mover of `queue` look within `delay` from now: a job just retried with
     /// that delay may be due before its next look.
     pub(crate) fn look_within(&self, queue: &str, delay: std::time::Duration) {
-        if let Some(h) = self
-            .inner
-            .housekeeping
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get_mut(queue)
-        {
+        if let Some(h) = lock(&self.inner.housekeeping).get_mut(queue) {
             // A delay too long for an instant needs no earlier look.
             let Some(at) = tokio::time::Instant::now().checked_add(delay) else {
                 return;

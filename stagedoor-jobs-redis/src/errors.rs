@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use redis::{ErrorKind, ServerErrorKind};
 use stagedoor_jobs::broker::BrokerError;
+use stagedoor_jobs::kit::lock;
 
 /// The server's errors as the broker reports them, and when the last connection-level one
-/// was seen (shared by the broker's clones and its acknowledgement tasks).
+/// was seen (shared by the broker's clones and its settlement tasks).
 pub(crate) struct Errors {
     /// The server's URL, password masked, for messages.
     url: String,
@@ -67,11 +68,7 @@ impl Errors {
     /// [`BrokerError::Backend`] for anything else.
     pub(crate) fn of(&self, e: redis::RedisError) -> BrokerError {
         if is_connection_level(&e) {
-            *self
-                .last_connection_error
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some(tokio::time::Instant::now());
+            *lock(&self.last_connection_error) = Some(tokio::time::Instant::now());
             BrokerError::Connection(e.to_string())
         } else if is_oom(&e) {
             BrokerError::Full(full_message(&self.url, &e))
@@ -82,10 +79,7 @@ impl Errors {
 
     /// Whether no connection-level error was seen for `d` (or ever).
     pub(crate) fn quiet_for(&self, d: Duration) -> bool {
-        self.last_connection_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_none_or(|t| t.elapsed() >= d)
+        lock(&self.last_connection_error).is_none_or(|t| t.elapsed() >= d)
     }
 }
 

@@ -160,9 +160,9 @@ fn with_trim(body: &str) -> OomScript {
 }
 
 /// Most settlements one [`SETTLE_MANY`] call makes.
-pub(crate) const ACK_BATCH: usize = 256;
+pub(crate) const SETTLE_BATCH: usize = 256;
 
-/// Settles a batch of deliveries (at most [`ACK_BATCH`]), each fenced on its own consumer and
+/// Settles a batch of deliveries (at most [`SETTLE_BATCH`]), each fenced on its own consumer and
 /// delivery count: acknowledgements, retries (a new entry now, or a member of the delayed set)
 /// and dead letters, in one step. The fence reads this consumer's pending entries between the
 /// batch's lowest and highest id with one `XPENDING` range (`ARGV[6]` at most; an id past a

@@ -1,11 +1,13 @@
-//! Settling a delivery: acknowledged in batches by one task per stream (`ack_loop`), retried
-//! (a new entry, now or in the delayed set), or dead-lettered; and renewing its lease.
+//! Settling a delivery: acknowledged, retried (a new entry, now or in the delayed set) or
+//! dead-lettered, in batches by one task per stream (`settle_loop`, under the kit's
+//! `Batchers`); and renewing its lease.
 
 use std::sync::Arc;
 
 use stagedoor_jobs::broker::{BrokerError, Delivery, Settled, Settlement};
+use stagedoor_jobs::kit::{SharedReceiver, run_batches};
 
-use crate::broker::{AckReq, DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, SettleOp, ms};
+use crate::broker::{DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, SettleOp, SettleReq, ms};
 use crate::conn::Conn;
 use crate::entry;
 use crate::errors::Errors;
@@ -29,39 +31,24 @@ fn id_order(id: &str) -> (u64, u64) {
 const CALLS_IN_FLIGHT: usize = 2;
 
 /// Settles deliveries in batches: what settled while the previous calls ran goes in the next
-/// one (one script call for up to `ACK_BATCH` acknowledgements, retries and dead letters, each
-/// fenced on its own; up to `CALLS_IN_FLIGHT` calls at once). Runs under `restart_on_panic`:
-/// the receiver is shared so that a restarted loop reads the same channel (a panic fails only
-/// the batches it interrupted; the runtime settles those again).
-async fn ack_loop(
+/// one (one script call for up to `SETTLE_BATCH` acknowledgements, retries and dead letters,
+/// each fenced on its own; up to `CALLS_IN_FLIGHT` calls at once). The batching is the kit's
+/// `run_batches`, under the kit's `Batchers`: a panic fails only the batches it interrupted
+/// (the runtime settles those again).
+async fn settle_loop(
     c: Conn,
-    keys: Keys,
+    keys: Arc<Keys>,
     consumer: String,
     errors: Arc<Errors>,
     allow_oom: bool,
-    rx: stagedoor_jobs::supervise::SharedReceiver<AckReq>,
+    rx: SharedReceiver<SettleReq>,
 ) {
-    type Call<'a> = std::pin::Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
-    let mut rx = rx.lock().await;
-    let mut calls: [Option<Call<'_>>; CALLS_IN_FLIGHT] = [None, None];
-    let mut open = true;
-    while open || calls.iter().any(Option::is_some) {
-        let free = calls.iter().position(Option::is_none).filter(|_| open);
-        let mut batch = Vec::new();
-        let [a, b] = &mut calls;
-        tokio::select! {
-            n = rx.recv_many(&mut batch, scripts::ACK_BATCH), if free.is_some() => {
-                if n == 0 {
-                    open = false;
-                } else if let Some(i) = free {
-                    let call = settle_batch(c.clone(), &keys, &consumer, &errors, allow_oom, batch);
-                    calls[i] = Some(Box::pin(call));
-                }
-            }
-            () = async { if let Some(f) = a { f.await } }, if a.is_some() => calls[0] = None,
-            () = async { if let Some(f) = b { f.await } }, if b.is_some() => calls[1] = None,
-        }
-    }
+    let (keys, consumer, errors) = (&*keys, consumer.as_str(), &*errors);
+    let apart = |_: &SettleReq| None::<()>;
+    run_batches(rx, scripts::SETTLE_BATCH, CALLS_IN_FLIGHT, apart, |batch| {
+        settle_batch(c.clone(), keys, consumer, errors, allow_oom, batch)
+    })
+    .await;
 }
 
 /// One settlement call for `batch`; every delivery in it is answered.
@@ -71,7 +58,7 @@ async fn settle_batch(
     consumer: &str,
     errors: &Errors,
     allow_oom: bool,
-    mut batch: Vec<AckReq>,
+    mut batch: Vec<SettleReq>,
 ) {
     let (mut lo, mut hi) = ((u64::MAX, u64::MAX), (0, 0));
     let (mut lo_id, mut hi_id) = ("+", "-");
@@ -166,7 +153,7 @@ impl RedisBroker {
     }
 
     /// [`Broker::settle`](stagedoor_jobs::broker::Broker::settle) on Redis (the trait's impl
-    /// in `broker.rs` calls this).
+    /// in `broker.rs` calls this): in the stream's next batch.
     pub(crate) async fn settle(
         &self,
         queue: &str,
@@ -176,8 +163,60 @@ impl RedisBroker {
         let r = &delivery.receipt;
         // The stream of the delivery's level: a retry due now goes back to it.
         let keys = self.keys_at(queue, r.level);
+        let (op, delayed) = self.settle_op(queue, delivery, &keys, settlement)?;
+        let req = |reply| SettleReq {
+            id: r.id.clone(),
+            deliveries: r.deliveries,
+            op,
+            reply,
+        };
+        // The stream's task: started at its first settlement and again whenever it is found
+        // stopped (it ran on a tokio runtime that has shut down, say), so that one dead task
+        // never makes every later settlement fail; a panic inside it restarts it in place.
+        let c = self.conn()?;
+        let start = || {
+            let task = format!("redis settlements of `{}`", keys.stream);
+            let (c, k, consumer) = (c.clone(), Arc::clone(&keys), self.inner.consumer.clone());
+            let (errors, allow_oom) = (Arc::clone(&self.inner.errors), self.allow_oom());
+            let run = move |rx| {
+                let errors = Arc::clone(&errors);
+                settle_loop(
+                    c.clone(),
+                    Arc::clone(&k),
+                    consumer.clone(),
+                    errors,
+                    allow_oom,
+                    rx,
+                )
+            };
+            Ok((task, run))
+        };
+        let n = self.inner.settles.call(&keys.stream, start, req).await?;
+        let done = n > 0;
+        if done && let Some(delay) = delayed {
+            self.look_within(queue, delay);
+        }
+        if n > 1 {
+            self.note_trimmed(&keys.dead, n - 1);
+        }
+        Ok(if done {
+            Settled::Done
+        } else {
+            Settled::LeaseLost
+        })
+    }
+
+    /// What settling `delivery` does in its stream `keys`, and the delay of a delayed retry.
+    fn settle_op(
+        &self,
+        queue: &str,
+        delivery: &Delivery<RedisReceipt>,
+        keys: &Keys,
+        settlement: Settlement,
+    ) -> Result<(SettleOp, Option<std::time::Duration>), BrokerError> {
+        let r = &delivery.receipt;
         let job = delivery.envelope.id().to_string();
-        let (op, delayed) = match settlement {
+        Ok(match settlement {
             Settlement::Ack | Settlement::Drop => (SettleOp::Ack { job }, None),
             Settlement::Retry { delay, .. } => {
                 // The next entry carries the attempts spent so far (its next delivery is this
@@ -218,80 +257,6 @@ impl RedisBroker {
                 let items = entry::flat(&f);
                 (SettleOp::Dead { job, items }, None)
             }
-        };
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let stopped = || BrokerError::Connection("the settlement task stopped".to_owned());
-        let mut req = AckReq {
-            id: r.id.clone(),
-            deliveries: r.deliveries,
-            op,
-            reply,
-        };
-        // A send fails only if the task stopped since `ack_sender` looked: the second look
-        // starts it again.
-        let c = self.conn()?;
-        let mut sent = false;
-        for _ in 0..2 {
-            match self.ack_sender(&c, &keys).send(req) {
-                Ok(()) => {
-                    sent = true;
-                    break;
-                }
-                Err(e) => req = e.0,
-            }
-        }
-        if !sent {
-            return Err(stopped());
-        }
-        let n = answer.await.map_err(|_| stopped())??;
-        let done = n > 0;
-        if done && let Some(delay) = delayed {
-            self.look_within(queue, delay);
-        }
-        if n > 1 {
-            self.note_trimmed(&keys.dead, n - 1);
-        }
-        Ok(if done {
-            Settled::Done
-        } else {
-            Settled::LeaseLost
         })
-    }
-
-    /// The channel to the task that acknowledges `keys`' stream, which is started at the
-    /// stream's first acknowledgement and again whenever it is found stopped (it ran on a tokio
-    /// runtime that has shut down, say): one dead task never makes every later acknowledgement
-    /// fail. A panic inside it restarts it in place.
-    pub(crate) fn ack_sender(
-        &self,
-        c: &Conn,
-        keys: &Keys,
-    ) -> tokio::sync::mpsc::UnboundedSender<AckReq> {
-        let mut acks = self
-            .inner
-            .acks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(tx) = acks.get(&keys.stream).filter(|tx| !tx.is_closed()) {
-            return tx.clone();
-        }
-        let task = format!("redis acknowledgements of `{}`", keys.stream);
-        if acks.contains_key(&keys.stream) {
-            tracing::error!(task = %task, "the acknowledgement task had stopped: starting it again");
-        }
-        let (c, k, consumer) = (c.clone(), keys.clone(), self.inner.consumer.clone());
-        let (errors, allow_oom) = (Arc::clone(&self.inner.errors), self.allow_oom());
-        let tx = stagedoor_jobs::supervise::spawn_consumer(task, move |rx| {
-            ack_loop(
-                c.clone(),
-                k.clone(),
-                consumer.clone(),
-                Arc::clone(&errors),
-                allow_oom,
-                rx,
-            )
-        });
-        acks.insert(keys.stream.clone(), tx.clone());
-        tx
     }
 }

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use redis::{Value, cmd};
 use stagedoor_jobs::broker::{BrokerError, MountInfo, Problem};
+use stagedoor_jobs::kit::lock;
 
 use crate::broker::{Cap, GROUP, RedisBroker};
 use crate::entry;
@@ -93,11 +94,7 @@ impl RedisBroker {
     pub(crate) async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
         let mut problems = Vec::new();
         {
-            let mut caps = self
-                .inner
-                .caps
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut caps = lock(&self.inner.caps);
             for m in mounts {
                 if let (Some(max_attempts), Some(_)) = (m.max_attempts, &m.dead_letter) {
                     let known = caps.entry(m.queue.clone()).or_default();

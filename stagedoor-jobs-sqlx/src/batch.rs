@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::BrokerError;
-use stagedoor_jobs::supervise::SharedReceiver;
+use stagedoor_jobs::kit::{Reply, SharedReceiver, run_batches};
 
+use crate::dead_move::move_dead;
 use crate::dialect::sealed::{Driver, Value};
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::receipt::IdValue;
-use crate::route::run_in;
 use crate::rows::Vals;
 use crate::sql::{FENCES, Flavor, Statements};
 
@@ -44,7 +44,7 @@ pub(crate) struct SettleReq {
     /// Where the row's version is, if the delivery knows (see `SqlReceipt::ctid`).
     pub(crate) ctid: Option<String>,
     /// `true` when the row was still leased to this delivery (and is settled now).
-    pub(crate) reply: tokio::sync::oneshot::Sender<Result<bool, BrokerError>>,
+    pub(crate) reply: Reply<bool>,
 }
 
 /// Most settlements one batch carries (and one multi-row statement).
@@ -65,36 +65,17 @@ pub(crate) fn bucket(n: usize) -> usize {
 ///
 /// A batch whose statement fails is applied again one settlement at a time, so that one that
 /// cannot succeed (a dead-letter table that is missing) fails alone; a connection error or a
-/// failed commit fails the batch's replies (the runtime settles them again). Runs under
-/// `restart_on_panic`: the receiver is shared so that a restarted loop reads the same channel
-/// (a panic fails only the batch it interrupted).
+/// failed commit fails the batch's replies (the runtime settles them again). The batching
+/// (one batch at a time, one settlement per row in each) is the kit's `run_batches`, under
+/// the kit's `Batchers` (`route/settle.rs`): a panic fails only the batch it interrupted.
 pub(crate) async fn settle_loop<DB: Dialect>(
     pool: sqlx::Pool<DB>,
     stmts: Arc<Statements>,
     rx: SharedReceiver<SettleReq>,
 ) {
-    let mut rx = rx.lock().await;
-    let mut batch: Vec<SettleReq> = Vec::with_capacity(BATCH);
-    let mut later: Vec<SettleReq> = Vec::new();
-    loop {
-        if later.is_empty() {
-            if rx.recv_many(&mut batch, BATCH).await == 0 {
-                return;
-            }
-        } else {
-            batch.append(&mut later);
-            while batch.len() < BATCH {
-                match rx.try_recv() {
-                    Ok(r) => batch.push(r),
-                    Err(_) => break,
-                }
-            }
-        }
-        let mut rows = HashSet::with_capacity(batch.len());
-        let (now, next): (Vec<_>, Vec<_>) = batch.drain(..).partition(|r| rows.insert(r.id.text()));
-        later = next;
-        apply::<DB>(&pool, &stmts, now).await;
-    }
+    let (pool, stmts) = (&pool, &*stmts);
+    let row = |r: &SettleReq| Some(r.id.text());
+    run_batches(rx, BATCH, 1, row, |batch| apply::<DB>(pool, stmts, batch)).await;
 }
 
 /// Why a batch failed: before its commit (nothing took effect), or at it (it may have).
@@ -202,32 +183,13 @@ async fn settle_in<DB: Dialect>(
         Failed::Before(e) if settled && !in_tx => Failed::AtCommit(e),
         e => e,
     })?;
-    let before = |e: BrokerError| Failed::Before(e);
     for (i, r) in batch.iter().enumerate() {
         let Op::Dead { v, table } = &r.op else {
             continue;
         };
-        let n = match table {
-            None => run_in::<DB>(&mut *conn, &stmts.dead_group, v, &stmts.table)
-                .await
-                .map_err(before)?,
-            Some((target, dead)) => {
-                // The table form: copy into the dead table, mark the copy, delete the row.
-                let copy = stmts.copy_into(target, true);
-                let n = run_in::<DB>(&mut *conn, &copy, v, &stmts.table)
-                    .await
-                    .map_err(before)?;
-                if n == 1 {
-                    run_in::<DB>(&mut *conn, &dead.mark_dead, v, &dead.table)
-                        .await
-                        .map_err(before)?;
-                    run_in::<DB>(&mut *conn, &stmts.delete_by_id, v, &stmts.table)
-                        .await
-                        .map_err(before)?;
-                }
-                n
-            }
-        };
+        let n = move_dead::<DB>(&mut *conn, stmts, v, table.as_ref())
+            .await
+            .map_err(Failed::Before)?;
         done[i] = n == 1;
     }
     Ok(done)

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use sqlx::pool::PoolOptions;
 use sqlx::{Database, Pool};
+use stagedoor_jobs::kit::lock;
 use stagedoor_jobs::{BrokerError, Clock};
 use tokio::sync::{Notify, OnceCell};
 
@@ -141,19 +142,11 @@ impl<DB: Database> SqlxBroker<DB> {
     /// The broker's one clock: every clone shares its offset, so the runtime's sync of a clone
     /// moves the time every statement of this broker binds.
     pub(crate) fn clock(&self) -> Clock {
-        self.shared
-            .clock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        lock(&self.shared.clock).clone()
     }
 
     pub(crate) fn set_clock(&self, clock: &Clock) {
-        *self
-            .shared
-            .clock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = clock.clone();
+        *lock(&self.shared.clock) = clock.clone();
         self.wake_all();
     }
 
@@ -161,12 +154,7 @@ impl<DB: Database> SqlxBroker<DB> {
     /// [`cautious`](Self::cautious)).
     pub(crate) fn noted<T>(&self, result: Result<T, BrokerError>) -> Result<T, BrokerError> {
         if let Err(BrokerError::Connection(_)) = &result {
-            *self
-                .shared
-                .last_connection_error
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some(std::time::Instant::now());
+            *lock(&self.shared.last_connection_error) = Some(std::time::Instant::now());
         }
         result
     }
@@ -176,11 +164,7 @@ impl<DB: Database> SqlxBroker<DB> {
     /// not renew while the database was away) renew first, so a short restart never makes a
     /// job in flight run twice. Fresh rows are claimed at once.
     pub(crate) fn cautious(&self) -> bool {
-        self.shared
-            .last_connection_error
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some_and(|t| t.elapsed() < self.lease)
+        lock(&self.shared.last_connection_error).is_some_and(|t| t.elapsed() < self.lease)
     }
 
     /// Wakes this process's idle claims: something may be due (a publish, a settlement, a
@@ -206,10 +190,6 @@ impl<DB: Database> SqlxBroker<DB> {
     }
 
     pub(crate) fn take_source(&self) -> Option<Source<DB>> {
-        self.shared
-            .source
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+        lock(&self.shared.source).take()
     }
 }

@@ -82,10 +82,7 @@ impl Floors {
     fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Floor>) -> T) -> T {
         // A panic while the lock was held left a map that is still whole (every update is one
         // insert or remove): use it.
-        let mut map = match self.by_queue.lock() {
-            Ok(m) => m,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut map = stagedoor_jobs::kit::lock(&self.by_queue);
         f(&mut map)
     }
 

@@ -313,6 +313,7 @@ mod batch;
 mod broker;
 mod catalog;
 mod columns;
+mod dead_move;
 mod dialect;
 mod floor;
 mod headers;

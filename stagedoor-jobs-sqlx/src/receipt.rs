@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::BrokerError;
 use stagedoor_jobs::inbox::{ColumnType, Table};
+use stagedoor_jobs::kit::lock;
 
 use crate::dialect::sealed::Value;
 
@@ -49,25 +50,17 @@ impl SqlReceipt {
 
     /// Where the row's version is, if known (see the field).
     pub(crate) fn ctid(&self) -> Option<String> {
-        self.ctid
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        lock(&self.ctid).clone()
     }
 
     /// A statement of this delivery moved the row's version to `ctid` (`None`: it may have,
     /// and where to is not known).
     pub(crate) fn moved(&self, ctid: Option<String>) {
-        *self
-            .ctid
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = ctid;
+        *lock(&self.ctid) = ctid;
     }
 
     fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
-        self.lease
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.lease)
     }
 
     /// The lease values the fence accepts, padded with the confirmed one.

@@ -28,6 +28,7 @@ use stagedoor_jobs::broker::{
     Published, Settled, Settlement,
 };
 use stagedoor_jobs::inbox::{Table, is_plain_identifier};
+use stagedoor_jobs::kit::lock;
 use stagedoor_jobs::{Clock, Envelope, Inbox, JobId};
 
 use crate::batch::SettleReq;
@@ -59,8 +60,8 @@ struct Idle {
 
 struct RouteInner {
     /// The batched settlements: the channel to their task, started at the first settlement
-    /// and again whenever it is found stopped (see `settle_sender`).
-    settles: Mutex<Option<tokio::sync::mpsc::UnboundedSender<SettleReq>>>,
+    /// and again whenever it is found stopped (see `settle_batched`).
+    settles: stagedoor_jobs::kit::Batchers<SettleReq>,
     table: Table,
     idle: Mutex<HashMap<String, Idle>>,
     stmts: Result<Arc<Statements>, Vec<String>>,
@@ -142,7 +143,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             broker,
             default_group: Arc::from(group),
             inner: Arc::new(RouteInner {
-                settles: Mutex::new(None),
+                settles: stagedoor_jobs::kit::Batchers::new(),
                 table,
                 idle: Mutex::new(HashMap::new()),
                 stmts,
@@ -189,13 +190,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     /// the catalog shows is cached (its name kept for good): asking about names of no table
     /// (an operator's typo, a dashboard's URL) keeps nothing.
     async fn dead_table(&self, name: &str) -> Result<Arc<Statements>, BrokerError> {
-        if let Some(s) = self
-            .inner
-            .dead_tables
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(name)
-        {
+        if let Some(s) = lock(&self.inner.dead_tables).get(name) {
             return Ok(Arc::clone(s));
         }
         if !is_plain_identifier(name) {
@@ -210,11 +205,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 self.table().name
             )));
         }
-        let mut cache = self
-            .inner
-            .dead_tables
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cache = lock(&self.inner.dead_tables);
         let s = cache.entry(name.to_owned()).or_insert_with(|| {
             let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
             Arc::new(stmts.for_table(leaked, DB::FLAVOR))
@@ -262,11 +253,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     /// exists). For tests.
     #[doc(hidden)]
     pub fn cached_dead_tables(&self) -> usize {
-        self.inner
-            .dead_tables
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+        lock(&self.inner.dead_tables).len()
     }
 
     /// The statements that read queue `name`: the table's own for a group (or for the table's
@@ -282,14 +269,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     fn origin_of(&self, dead: &str, doc: &HeaderDoc) -> Option<String> {
         doc.origin
             .clone()
-            .or_else(|| {
-                self.inner
-                    .origins
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .get(dead)
-                    .cloned()
-            })
+            .or_else(|| lock(&self.inner.origins).get(dead).cloned())
             // A table without a group column has one queue: a dead letter of it failed there,
             // even when no service checked this route (an operator's replay) and the table
             // has no headers column to record the origin.
@@ -414,10 +394,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
 
     /// The dead letter of `queue`: the one a mount on it declares, else the default.
     pub(crate) fn dead_letter_for(&self, queue: &str) -> String {
-        self.inner
-            .origins
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.inner.origins)
             .iter()
             .filter(|(_, origin)| *origin == queue)
             .map(|(dead, _)| dead.clone())

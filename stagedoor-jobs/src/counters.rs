@@ -25,7 +25,7 @@ impl KindLabels {
     /// The label of `kind`, run by a mount for every kind: its name while the queue has
     /// labelled fewer than [`KIND_LABELS_MAX`] kinds, else [`OTHER_KIND_LABEL`].
     pub(crate) fn label<'a>(&self, kind: &'a str) -> &'a str {
-        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = crate::kit::lock(&self.0);
         if seen.contains(kind) {
             return kind;
         }

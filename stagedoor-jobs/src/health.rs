@@ -6,8 +6,6 @@
 
 mod board;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
-
 use chrono::{DateTime, Utc};
 
 pub(crate) use board::{Board, Run, TaskCell};
@@ -164,10 +162,4 @@ impl Health {
         }
         out
     }
-}
-
-/// Locks `m`, whatever a panic elsewhere left in it (the values guarded here are counters and
-/// states, each always whole).
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -87,6 +87,7 @@ pub mod guide;
 mod handler;
 mod health;
 pub mod inbox;
+pub mod kit;
 mod monitor;
 mod mount;
 #[cfg(feature = "opentelemetry")]

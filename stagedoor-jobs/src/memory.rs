@@ -20,6 +20,7 @@ use crate::broker::{
 use crate::broker::{DeadLetters, Inspect, Locks};
 use crate::clock::{Clock, chrono_duration, later};
 use crate::envelope::{Envelope, JobId};
+use crate::kit::{ClockWatch, lock};
 use crate::outcome::Failure;
 
 /// The in-memory broker. Clones share the same queues.
@@ -125,7 +126,7 @@ impl MemoryBroker {
     }
 
     fn mem(&self) -> MutexGuard<'_, Mem> {
-        self.inner.state.lock().expect("memory broker lock")
+        lock(&self.inner.state)
     }
 
     /// Claims due jobs now, without waiting.
@@ -607,7 +608,7 @@ impl Broker for MemoryBroker {
         order: crate::broker::ClaimOrder,
     ) -> Result<Vec<Delivery<MemoryReceipt>>, BrokerError> {
         let deadline = tokio::time::Instant::now() + wait;
-        let mut clock_rx = self.clock().subscribe();
+        let mut clock = ClockWatch::new(&self.clock());
         loop {
             let notified = self.inner.changed.notified();
             tokio::pin!(notified);
@@ -618,7 +619,7 @@ impl Broker for MemoryBroker {
                 return Ok(got);
             }
             let mut until = deadline;
-            if clock_rx.is_none() {
+            if !clock.is_manual() {
                 // On the system clock, wake for the next due job.
                 if let Some(next) = Self::next_due_locked(&self.mem(), queue) {
                     let d = (next - now).to_std().unwrap_or(Duration::ZERO);
@@ -628,19 +629,9 @@ impl Broker for MemoryBroker {
             if tokio::time::Instant::now() >= deadline {
                 return Ok(Vec::new());
             }
-            let clock_changed = async {
-                match clock_rx.as_mut() {
-                    Some(rx) => {
-                        if rx.changed().await.is_err() {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
             tokio::select! {
                 _ = notified => {}
-                _ = clock_changed => {}
+                () = clock.changed() => {}
                 _ = tokio::time::sleep_until(until) => {}
             }
         }

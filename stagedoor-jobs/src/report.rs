@@ -24,7 +24,7 @@ use crate::activity::{
     WorkerReport,
 };
 use crate::clock::chrono_duration;
-use crate::health::lock;
+use crate::kit::lock;
 use crate::runtime::ErasedRoute;
 use crate::schedule::scheduler::Progress;
 use crate::tally::QueueActivity;

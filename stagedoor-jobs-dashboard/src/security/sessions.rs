@@ -16,9 +16,7 @@ pub(crate) struct Sessions(std::sync::Mutex<HashMap<String, Instant>>);
 
 impl Sessions {
     fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        stagedoor_jobs::kit::lock(&self.0)
     }
 
     /// Starts a session; returns its id.

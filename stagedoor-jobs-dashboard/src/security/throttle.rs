@@ -27,9 +27,7 @@ struct Failures {
 
 impl Throttle {
     fn state(&self) -> std::sync::MutexGuard<'_, Failures> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        stagedoor_jobs::kit::lock(&self.0)
     }
 
     /// `Some(how long to wait)` when `client` (or everyone) has failed too often: its next

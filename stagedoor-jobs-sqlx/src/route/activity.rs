@@ -3,7 +3,7 @@
 //! `locks.rs`), and a group's delayed rows.
 //!
 //! A report is one transaction: the worker's row (replaced), each queue's minutes (counts
-//! added), and the rows that ran out (workers) or are older than [`COUNTS_KEPT`] (minutes)
+//! added), and the rows that ran out (workers) or are older than `COUNTS_KEPT` (minutes)
 //! deleted. Times are bound as the crate binds every time (on SQLite, RFC 3339 text in UTC,
 //! which sorts as the times do).
 
@@ -12,10 +12,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::Activity;
 use stagedoor_jobs::Inbox;
-use stagedoor_jobs::activity::{
-    COUNTS_KEPT, DelayedJob, MinuteCounts, QueueCounts, WorkerReport, minute_of,
-};
+use stagedoor_jobs::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport, minute_of};
 use stagedoor_jobs::broker::{BrokerError, chrono_duration};
+use stagedoor_jobs::kit::{counts_kept_from, decode_report, encode_report};
 
 use super::SqlxRoute;
 use crate::dialect::sealed::Value;
@@ -56,16 +55,11 @@ impl<DB: Dialect, Row: Inbox> Activity for SqlxRoute<DB, Row> {
         counts: &[QueueCounts],
         ttl: Duration,
     ) -> Result<(), BrokerError> {
-        let json = serde_json::to_string(worker).map_err(|e| {
-            BrokerError::Backend(format!(
-                "cannot encode the report of worker `{}`: {e}",
-                worker.id
-            ))
-        })?;
+        let json = encode_report(worker)?;
         let pool = self.pool()?;
         ensure_bookkeeping(&self.broker.shared.bookkeeping, pool).await?;
         let now = self.broker.now();
-        let keep_from = minute_of(now) - chrono_duration(COUNTS_KEPT);
+        let keep_from = counts_kept_from(now);
         let mut tx = pool.begin().await.map_err(db_err)?;
         let binds = vec![
             Value::Text(Some(worker.id.clone())),
@@ -122,13 +116,8 @@ impl<DB: Dialect, Row: Inbox> Activity for SqlxRoute<DB, Row> {
         for row in &rows {
             let id = DB::text(row, 0).map_err(db_err)?.unwrap_or_default();
             let json = DB::text(row, 1).map_err(db_err)?.unwrap_or_default();
-            match serde_json::from_str::<WorkerReport>(&json) {
-                Ok(r) => out.push(r),
-                // A row edited by hand: left out, said once per read.
-                Err(e) => {
-                    tracing::warn!(worker = %id, error = %e, "a worker's report in stagedoor_workers does not read as one: left out");
-                }
-            }
+            // A row edited by hand: left out, said once per read.
+            out.extend(decode_report(&id, &json, "stagedoor_workers"));
         }
         Ok(out)
     }

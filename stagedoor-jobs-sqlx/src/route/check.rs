@@ -10,6 +10,7 @@ use stagedoor_jobs::broker::{MountInfo, Problem};
 use stagedoor_jobs::inbox::ColumnType;
 
 use stagedoor_jobs::BrokerError;
+use stagedoor_jobs::kit::lock;
 
 use super::SqlxRoute;
 use crate::dialect::sealed::Value;
@@ -113,11 +114,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 });
             }
             if let Some(dead) = &m.dead_letter {
-                self.inner
-                    .origins
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(dead.clone(), m.queue.clone());
+                lock(&self.inner.origins).insert(dead.clone(), m.queue.clone());
                 if !self.grouped() {
                     match self.dead_table(dead).await {
                         Err(e) => problems.push(Problem {

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use stagedoor_jobs::broker::{
     Broker, BrokerError, ClaimOrder, Delivery, Inspect, Settled, Settlement,
 };
+use stagedoor_jobs::kit::{ClockWatch, lock};
 use stagedoor_jobs::{Failure, FailureCause, Inbox};
 
 use super::{Idle, SqlxRoute, fetch_in, run_in};
@@ -30,7 +31,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     ) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
         let stmts = self.stmts_for(queue).await?;
         let deadline = tokio::time::Instant::now() + wait;
-        let mut clock_rx = self.broker.clock().subscribe();
+        let mut clock = ClockWatch::new(&self.broker.clock());
         let mut looked_again = false;
         loop {
             let notified = self.broker.shared.wake.notified();
@@ -41,13 +42,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 .shared
                 .wakes
                 .load(std::sync::atomic::Ordering::SeqCst);
-            let idle = self
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(queue)
-                .copied();
+            let idle = lock(&self.inner.idle).get(queue).copied();
             // Nothing woke this process since a claim found the queue empty, and the
             // next row is not due yet: wait instead of asking again. A worker of an
             // idle queue queries once per poll interval (Postgres NOTIFY and this
@@ -75,23 +70,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             if left.is_zero() {
                 return Ok(Vec::new());
             }
-            let clock_changed = async {
-                match clock_rx.as_mut() {
-                    Some(rx) => {
-                        if rx.changed().await.is_err() {
-                            std::future::pending::<()>().await;
-                        }
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let until = self
-                .inner
-                .idle
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(queue)
-                .map(|i| i.until);
+            let until = lock(&self.inner.idle).get(queue).map(|i| i.until);
             let nap = until.map_or(left, |u| {
                 left.min(u.saturating_duration_since(tokio::time::Instant::now()))
             });
@@ -99,8 +78,8 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             let _idle = self.broker.idle_claim();
             tokio::select! {
                 _ = notified => {}
-                _ = clock_changed => {
-                    self.inner.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(queue);
+                () = clock.changed() => {
+                    lock(&self.inner.idle).remove(queue);
                     self.inner.floors.reset(queue);
                 }
                 _ = tokio::time::sleep(nap) => {}
@@ -177,11 +156,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             return Ok(Taken::None(plan));
         }
         let out = self.deliveries_of(stmts, queue, rows, lease).await;
-        self.inner
-            .idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(queue);
+        lock(&self.inner.idle).remove(queue);
         Ok(Taken::Rows(out))
     }
 
@@ -271,11 +246,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 _ => {}
             }
         }
-        self.inner
-            .idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(queue.to_owned(), Idle { until, wakes });
+        lock(&self.inner.idle).insert(queue.to_owned(), Idle { until, wakes });
         false
     }
 

@@ -8,6 +8,7 @@ use stagedoor_jobs::JobId;
 use stagedoor_jobs::broker::{
     BrokerError, Cancelled, DeadLetter, DeadLetters, DeadSelector, Inspect, ReplayReport,
 };
+use stagedoor_jobs::kit::lock;
 
 use super::{SqlxRoute, fetch_in, run_in};
 use crate::dialect::sealed::Value;
@@ -187,14 +188,7 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
                 self.default_dead_letter(dead)
             )));
         }
-        let declared: Vec<String> = self
-            .inner
-            .origins
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .keys()
-            .cloned()
-            .collect();
+        let declared: Vec<String> = lock(&self.inner.origins).keys().cloned().collect();
         let suffix = if self.grouped() { ".dead" } else { "_dead" };
         stagedoor_jobs::broker::ensure_dead_letter(self, dead, suffix, &declared).await
     }

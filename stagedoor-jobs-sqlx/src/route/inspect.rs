@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::Inbox;
 use stagedoor_jobs::broker::{BrokerError, Inspect, QueueStats};
+use stagedoor_jobs::kit::lock;
 
 use super::{STATS_TOLERANCE, SqlxRoute, fetch_in};
 use crate::dialect::{Dialect, acquire, db_err};
@@ -75,13 +76,7 @@ impl<DB: Dialect, Row: Inbox> Inspect for SqlxRoute<DB, Row> {
             }
             None => vec![self.default_group.to_string()],
         };
-        for m in self
-            .inner
-            .origins
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .keys()
-        {
+        for m in lock(&self.inner.origins).keys() {
             names.push(m.clone());
         }
         names.sort();

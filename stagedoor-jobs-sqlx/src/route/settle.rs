@@ -7,11 +7,12 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::Inbox;
 use stagedoor_jobs::broker::{BrokerError, Delivery, Settled, Settlement};
+use stagedoor_jobs::{Failure, Inbox};
 
-use super::{BACKDATE, SqlxRoute, run_in};
+use super::{BACKDATE, SqlxRoute};
 use crate::batch::{Op, SettleReq, settle_loop};
+use crate::dead_move::move_dead;
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::headers::HeaderDoc;
 use crate::receipt::{IdValue, SqlReceipt};
@@ -80,27 +81,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 }
             }
             Settlement::DeadLetter { target, failure } => {
-                let env = &delivery.envelope;
-                let h = env.headers();
-                let doc = HeaderDoc {
-                    kind: (env.kind() != queue).then(|| env.kind().to_owned()),
-                    job_id: Some(env.id().to_string()),
-                    request_id: h.request_id.clone(),
-                    trace: h.trace.clone(),
-                    extra: h.extra.clone(),
-                    origin: Some(queue.to_owned()),
-                    traceback: Some(failure.traceback.clone()),
-                    error: Some(failure.error.clone()),
-                    failed_at: Some(now),
-                };
-                let v = Vals {
-                    target: Some(target.clone()),
-                    error: Some(failure.error.clone()),
-                    headers: Some(doc.to_json()),
-                    // The attempts spent: this delivery's number.
-                    attempt: i64::from(env.attempt()),
-                    ..base()
-                };
+                let v = dead_vals(queue, delivery, &target, &failure, base());
                 let table = if self.grouped() {
                     None
                 } else {
@@ -144,15 +125,12 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         table: Option<(String, Arc<Statements>)>,
     ) -> Result<u64, BrokerError> {
         let mut conn = acquire(self.pool()?).await?;
-        let Some((target, dead)) = table else {
-            return run_in::<DB>(&mut conn, &stmts.dead_group, v, &stmts.table).await;
-        };
+        if table.is_none() {
+            return move_dead::<DB>(&mut conn, stmts, v, None).await;
+        }
         let mut tx = sqlx::Connection::begin(&mut *conn).await.map_err(db_err)?;
-        let copy = stmts.copy_into(&target, true);
-        let n = run_in::<DB>(&mut *tx, &copy, v, &stmts.table).await?;
+        let n = move_dead::<DB>(&mut tx, stmts, v, table.as_ref()).await?;
         if n == 1 {
-            run_in::<DB>(&mut *tx, &dead.mark_dead, v, &dead.table).await?;
-            run_in::<DB>(&mut *tx, &stmts.delete_by_id, v, &stmts.table).await?;
             tx.commit().await.map_err(db_err)?;
         }
         Ok(n)
@@ -167,49 +145,55 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         ctid: Option<String>,
         op: Op,
     ) -> Result<bool, BrokerError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let stopped = || BrokerError::Connection("the route's settlement task stopped".to_owned());
-        let mut req = SettleReq {
+        // The route's task: started at the first settlement and again whenever it is found
+        // stopped (it ran on a tokio runtime that has shut down, say), so that one dead task
+        // never makes every later settlement fail; a panic inside it restarts it in place.
+        let start = || {
+            let pool = self.pool()?.clone();
+            let stmts = Arc::clone(self.stmts()?);
+            let task = format!("sqlx settlements of `{}`", self.table().name);
+            let run = move |rx| settle_loop::<DB>(pool.clone(), Arc::clone(&stmts), rx);
+            Ok((task, run))
+        };
+        let req = |reply| SettleReq {
             id,
             leases,
             op,
             ctid,
             reply,
         };
-        // A send fails only if the task stopped since `settle_sender` looked: the
-        // second look starts it again.
-        for _ in 0..2 {
-            match self.settle_sender()?.send(req) {
-                Ok(()) => return answer.await.map_err(|_| stopped())?,
-                Err(e) => req = e.0,
-            }
-        }
-        Err(stopped())
+        self.inner.settles.call("", start, req).await
     }
+}
 
-    /// The channel to the settlement task, which is started at the first settlement and
-    /// again whenever it is found stopped (it ran on a tokio runtime that has shut down,
-    /// say): one dead task never makes every later settlement fail. A panic inside it
-    /// restarts it in place.
-    fn settle_sender(&self) -> Result<tokio::sync::mpsc::UnboundedSender<SettleReq>, BrokerError> {
-        let mut slot = self
-            .inner
-            .settles
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(tx) = slot.as_ref().filter(|tx| !tx.is_closed()) {
-            return Ok(tx.clone());
-        }
-        let pool = self.pool()?.clone();
-        let stmts = Arc::clone(self.stmts()?);
-        let task = format!("sqlx settlements of `{}`", self.table().name);
-        if slot.is_some() {
-            tracing::error!(task = %task, "the settlement task had stopped: starting it again");
-        }
-        let tx = stagedoor_jobs::supervise::spawn_consumer(task, move |rx| {
-            settle_loop::<DB>(pool.clone(), Arc::clone(&stmts), rx)
-        });
-        *slot = Some(tx.clone());
-        Ok(tx)
+/// The values of `delivery`'s move to dead letter `target` from `queue`: `base` (the row and
+/// its lease, the time), the failure, and the headers that say where it came from and why.
+fn dead_vals(
+    queue: &str,
+    delivery: &Delivery<SqlReceipt>,
+    target: &str,
+    failure: &Failure,
+    base: Vals,
+) -> Vals {
+    let env = &delivery.envelope;
+    let h = env.headers();
+    let doc = HeaderDoc {
+        kind: (env.kind() != queue).then(|| env.kind().to_owned()),
+        job_id: Some(env.id().to_string()),
+        request_id: h.request_id.clone(),
+        trace: h.trace.clone(),
+        extra: h.extra.clone(),
+        origin: Some(queue.to_owned()),
+        traceback: Some(failure.traceback.clone()),
+        error: Some(failure.error.clone()),
+        failed_at: base.now,
+    };
+    Vals {
+        target: Some(target.to_owned()),
+        error: Some(failure.error.clone()),
+        headers: Some(doc.to_json()),
+        // The attempts spent: this delivery's number.
+        attempt: i64::from(env.attempt()),
+        ..base
     }
 }

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
-use super::{Health, LoopState, QueueHealth, ServiceState, TaskHealth, lock};
+use super::{Health, LoopState, QueueHealth, ServiceState, TaskHealth};
+use crate::kit::lock;
 
 /// What the supervisor sets of a task's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

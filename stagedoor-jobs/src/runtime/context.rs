@@ -56,7 +56,7 @@ type HeldBy = std::collections::HashMap<(String, u64), Option<chrono::DateTime<c
 impl HeldBack {
     /// A new worker of `queue`, not held back: its id.
     pub(crate) fn register(&self, queue: &str) -> u64 {
-        let mut m = crate::health::lock(&self.0);
+        let mut m = crate::kit::lock(&self.0);
         let id = m.len() as u64;
         m.insert((queue.to_owned(), id), None);
         id
@@ -64,7 +64,7 @@ impl HeldBack {
 
     /// Worker `id` of `queue` is held back until `until` (`None`: not held back).
     pub(crate) fn set(&self, queue: &str, id: u64, until: Option<chrono::DateTime<chrono::Utc>>) {
-        if let Some(v) = crate::health::lock(&self.0).get_mut(&(queue.to_owned(), id)) {
+        if let Some(v) = crate::kit::lock(&self.0).get_mut(&(queue.to_owned(), id)) {
             *v = until;
         }
     }
@@ -77,7 +77,7 @@ impl HeldBack {
         queue: &str,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Option<chrono::DateTime<chrono::Utc>> {
-        let m = crate::health::lock(&self.0);
+        let m = crate::kit::lock(&self.0);
         let mut first: Option<chrono::DateTime<chrono::Utc>> = None;
         for ((q, _), until) in m.iter() {
             if q != queue {
@@ -94,7 +94,7 @@ impl HeldBack {
     /// Every time a worker waits for.
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn times(&self) -> Vec<chrono::DateTime<chrono::Utc>> {
-        crate::health::lock(&self.0)
+        crate::kit::lock(&self.0)
             .values()
             .flatten()
             .copied()

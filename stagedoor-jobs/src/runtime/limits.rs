@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::broker::{Broker, BrokerError};
 use crate::envelope::JobId;
-use crate::health::lock;
+use crate::kit::lock;
 use crate::mount::MountSpec;
 
 /// The longest a worker waits before asking a full pool again.

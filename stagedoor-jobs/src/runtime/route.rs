@@ -19,7 +19,7 @@ use crate::broker::{
 use crate::clock::Clock;
 use crate::envelope::Job;
 use crate::handler::BoxFuture;
-use crate::health::lock;
+use crate::kit::lock;
 use crate::mount::{MountSpec, RouteBuilder};
 use crate::tally::{QueueActivity, Tally};
 

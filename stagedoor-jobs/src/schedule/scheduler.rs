@@ -14,6 +14,7 @@ use super::{MAX_BACKLOG, Missed, Schedule};
 use crate::broker::tick_job_id;
 use crate::clock::Clock;
 use crate::envelope::Job;
+use crate::kit::ClockWatch;
 use crate::runtime::ErasedRoute;
 
 /// A schedule bound to the route that enqueues its jobs.
@@ -70,7 +71,7 @@ pub(crate) async fn run(
         pending.push(p);
     }
     publish_progress(&progress, start, &pending);
-    let mut clock_rx = clock.subscribe();
+    let mut clock_watch = ClockWatch::new(&clock);
     loop {
         let nap = bound
             .iter()
@@ -79,19 +80,9 @@ pub(crate) async fn run(
             .min()
             .unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(1));
-        let clock_changed = async {
-            match clock_rx.as_mut() {
-                Some(rx) => {
-                    if rx.changed().await.is_err() {
-                        std::future::pending::<()>().await;
-                    }
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
         tokio::select! {
             _ = tokio::time::sleep(nap) => {}
-            _ = clock_changed => {}
+            () = clock_watch.changed() => {}
             _ = stop.changed() => return,
         }
         let mut now = start;
