@@ -44,7 +44,7 @@ const SPREAD_STEP: usize = 64;
 /// unpack"), which a job with 4,000 headers reaches; past [`UNPACK_MAX`] the items are put in
 /// front of the call's varargs [`SPREAD_STEP`] at a time by tail calls (Lua's own stack has no
 /// such limit, and neither has `redis.call`). `head` has 3 or 6 items on the short path.
-static CALL_LIST: LazyLock<String> = LazyLock::new(|| {
+pub(super) static CALL_LIST: LazyLock<String> = LazyLock::new(|| {
     let step: Vec<String> = (0..SPREAD_STEP)
         .rev()
         .map(|k| format!("t[j - {k}]"))
@@ -79,7 +79,7 @@ end
 /// `check_type(key, want, what)`: fails the script (nothing written yet) when `key` exists
 /// with a type other than `want`, with an error naming the key, what it should be and the
 /// fix. `what` names the key's role (`the delayed set`).
-const CHECK_TYPE: &str = r"
+pub(super) const CHECK_TYPE: &str = r"
 local function check_type(key, want, what)
   local t = redis.call('TYPE', key)['ok']
   if t ~= want and t ~= 'none' then
