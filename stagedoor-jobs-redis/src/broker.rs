@@ -1,16 +1,24 @@
-//! `RedisBroker`: the [`Broker`] on Redis Streams: the struct and its state, construction,
-//! the builder methods, the small helpers every file shares, and the one `impl Broker`, whose
-//! methods each call the inherent method of the same name (inherent methods come first in
-//! Rust's method lookup) in the file of its concern:
+//! `RedisBroker`: the [`Broker`] on Redis Streams: the struct and its state, the builder
+//! methods, the small helpers every file shares, and the trait impls (`Inspect`,
+//! `DeadLetters`, `Activity`, `Locks`, `Broker`), whose methods each call the inherent method of
+//! the same name (inherent methods come first in Rust's method lookup) in the file of its
+//! concern:
 //!
 //! | file | what |
 //! |---|---|
+//! | `broker/urls.rs` | making a broker from a server's or a Cluster's URLs |
+//! | `broker/key_cache.rs` | the cache of the queues' keys |
+//! | `broker/levels.rs` | which priority levels of a queue have a stream |
+//! | `broker/housekeeping.rs` | a queue's housekeeping state (reclaims, the delayed mover, levels) |
+//! | `broker/settle_req.rs` | the requests the settle batcher is sent |
 //! | `startup.rs` | connect, check, prepare |
 //! | `claim.rs` | claim, reclaim, deliveries (and the entries that cannot run), the delayed mover |
 //! | `settle.rs` | settle, the acknowledgement batcher, renew |
 //! | `publish.rs` | publish, publish_once |
 //! | `dead.rs` | dead-lettering, dead letters, replay, purge |
+//! | `cancel.rs` | cancel, cancelled |
 //! | `schedule.rs` | the scheduler's locks and ticks |
+//! | `permits.rs` | the permit pools of the global limits |
 //! | `activity.rs` | workers' reports, per-minute counts, delayed jobs |
 //! | `stats.rs` | stats, queues, dead_len, next_due, server_time |
 //! | `errors.rs` | how the server's errors are read |
@@ -26,24 +34,29 @@ use chrono::{DateTime, Utc};
 use stagedoor_jobs::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport};
 use stagedoor_jobs::broker::{
     Broker, BrokerError, ClaimOrder, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo,
-    Permits, Problem, Published, QueueStats, ReplayReport, Settled, Settlement, mask_url as mask,
+    Permits, Problem, Published, QueueStats, ReplayReport, Settled, Settlement,
 };
 use stagedoor_jobs::{Activity, Clock, Envelope, Priority};
 use tokio::sync::OnceCell;
 
-#[cfg(feature = "cluster")]
-use crate::conn::cluster_client;
 use crate::conn::{Conn, Target};
 use crate::entry::Fields;
 use crate::errors::Errors;
 use crate::keys::{DEAD_SUFFIX, Keys};
 use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
-use stagedoor_jobs::kit::lock;
+
+mod housekeeping;
+mod key_cache;
+mod levels;
+mod settle_req;
+mod urls;
+
+pub(crate) use housekeeping::Housekeeping;
+pub(crate) use levels::levels_of;
+pub(crate) use settle_req::{SettleOp, SettleReq};
 
 /// The consumer group every worker joins.
 pub(crate) const GROUP: &str = "stagedoor";
-/// The most queues whose keys [`RedisBroker::cached_keys`] keeps.
-pub(crate) const KEYS_CACHED: usize = 1024;
 /// How long the dead stream grows before it is trimmed (approximately).
 pub(crate) const DEAD_MAXLEN: u64 = 10_000;
 
@@ -88,7 +101,7 @@ pub(crate) struct Inner {
     pub(crate) dead_read: AtomicU64,
     pub(crate) dead_read_largest: AtomicU64,
     /// Per namespace and queue, its keys: a settlement looks them up instead of formatting
-    /// them again (emptied past [`KEYS_CACHED`] queues).
+    /// them again (emptied past [`KEYS_CACHED`](key_cache::KEYS_CACHED) queues).
     pub(crate) keys: Mutex<HashMap<String, HashMap<String, Arc<Keys>>>>,
     /// Per stream, the task that settles deliveries in batches.
     pub(crate) settles: stagedoor_jobs::kit::Batchers<SettleReq>,
@@ -104,52 +117,6 @@ pub(crate) struct Cap {
     pub(crate) subscriber: String,
     pub(crate) kind: Option<String>,
     pub(crate) max_attempts: u32,
-}
-
-/// A settlement to make in its stream's next [`SETTLE_MANY`](crate::scripts::SETTLE_MANY)
-/// call. The answer is 0 when the lease was lost, else 1 plus the dead-stream entries its dead
-/// letter trimmed.
-pub(crate) struct SettleReq {
-    pub(crate) id: String,
-    pub(crate) deliveries: u64,
-    pub(crate) op: SettleOp,
-    pub(crate) reply: stagedoor_jobs::kit::Reply<i64>,
-}
-
-/// What a batched settlement does with its delivery.
-pub(crate) enum SettleOp {
-    /// Acknowledged (and its job id forgotten).
-    Ack { job: String },
-    /// Added again: to the stream (`due` 0, `items` the entry's flat fields) or to the delayed
-    /// set (`due` in ms, `items` its one member).
-    Retry { due: u64, items: Vec<Vec<u8>> },
-    /// Added to the dead stream (`items` the dead entry's flat fields), its job id forgotten.
-    Dead { job: String, items: Vec<Vec<u8>> },
-}
-
-/// When a queue last looked for entries to reclaim, and when its delayed mover looks next;
-/// the priority levels its claims read.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Housekeeping {
-    pub(crate) reclaimed_at: Option<tokio::time::Instant>,
-    pub(crate) next_delayed: Option<tokio::time::Instant>,
-    /// The levels other than normal whose streams exist, one bit each (bit `level + 2`), and
-    /// when they were looked for (again every second).
-    pub(crate) levels: u8,
-    pub(crate) levels_read: Option<tokio::time::Instant>,
-}
-
-/// The bit of priority `level` in [`Housekeeping::levels`].
-pub(crate) fn level_bit(level: Priority) -> u8 {
-    1 << (level.get() + 2)
-}
-
-/// The levels of `mask` and normal, highest first.
-pub(crate) fn levels_of(mask: u8) -> Vec<Priority> {
-    Priority::ALL
-        .into_iter()
-        .filter(|l| *l == Priority::NORMAL || mask & level_bit(*l) != 0)
-        .collect()
 }
 
 /// A delivery's receipt: its entry, the delivery count it was claimed with (the fence), and
@@ -172,20 +139,6 @@ impl fmt::Debug for RedisBroker {
             .field("max_deliveries", &self.max_deliveries)
             .finish()
     }
-}
-
-/// The TLS settings a cluster constructor passes on (nothing without the `tls` feature).
-#[cfg(all(feature = "cluster", feature = "tls"))]
-type TlsOption = crate::Tls;
-#[cfg(all(feature = "cluster", not(feature = "tls")))]
-type TlsOption = std::convert::Infallible;
-
-/// The one line for a URL the client refused.
-fn not_a_url(url: &str, e: &redis::RedisError) -> String {
-    format!(
-        "`{}` is not a Redis URL ({e}): write redis://[user:password@]host:port/db",
-        mask(url)
-    )
 }
 
 /// `t` in milliseconds since the epoch (a delayed score, a tick).
@@ -223,80 +176,6 @@ impl RedisBroker {
             max_deliveries: 3,
             namespace: String::new(),
         }
-    }
-
-    /// A broker for the server at `url` (`redis://[user:password@]host:port/db`, or
-    /// `rediss://` with the `tls` feature, trusting the machine's certificate store). No I/O
-    /// happens here; a wrong URL or an unreachable server is reported when the service starts.
-    pub fn from_url(url: impl AsRef<str>) -> Self {
-        let url = url.as_ref();
-        let target = if url.starts_with("rediss://") && !cfg!(feature = "tls") {
-            Err(format!(
-                "`{}` asks for TLS: enable the `tls` feature of stagedoor-jobs-redis",
-                mask(url)
-            ))
-        } else {
-            #[cfg(feature = "tls")]
-            if url.starts_with("rediss://") {
-                crate::tls::install_provider();
-            }
-            redis::Client::open(url)
-                .map(Target::Single)
-                .map_err(|e| not_a_url(url, &e))
-        };
-        Self::with_target(target, mask(url))
-    }
-
-    /// A broker for the server at `url` (`rediss://`) trusting `tls`'s certificate authority
-    /// and presenting its client certificate, if any (see [`Tls`](crate::Tls)).
-    #[cfg(feature = "tls")]
-    pub fn from_url_with_tls(url: impl AsRef<str>, tls: crate::Tls) -> Self {
-        let url = url.as_ref();
-        crate::tls::install_provider();
-        let target = if url.starts_with("rediss://") {
-            redis::Client::build_with_tls(url, tls.certificates())
-                .map(Target::Single)
-                .map_err(|e| not_a_url(url, &e))
-        } else {
-            Err(format!(
-                "`{}` is not a TLS URL: certificates were given, write rediss://host:port/db",
-                mask(url)
-            ))
-        };
-        Self::with_target(target, mask(url))
-    }
-
-    /// A broker for a Redis Cluster reached through any of `urls` (feature `cluster`).
-    #[cfg(feature = "cluster")]
-    pub fn cluster<S: AsRef<str>>(urls: impl IntoIterator<Item = S>) -> Self {
-        Self::cluster_of(urls, None)
-    }
-
-    /// A broker for a Redis Cluster reached through any of `urls` (`rediss://`), trusting
-    /// `tls`'s certificate authority (features `cluster` and `tls`).
-    #[cfg(all(feature = "cluster", feature = "tls"))]
-    pub fn cluster_with_tls<S: AsRef<str>>(
-        urls: impl IntoIterator<Item = S>,
-        tls: crate::Tls,
-    ) -> Self {
-        Self::cluster_of(urls, Some(tls))
-    }
-
-    #[cfg(feature = "cluster")]
-    fn cluster_of<S: AsRef<str>>(
-        urls: impl IntoIterator<Item = S>,
-        #[cfg_attr(not(feature = "tls"), allow(unused_variables))] tls: Option<TlsOption>,
-    ) -> Self {
-        let urls: Vec<String> = urls.into_iter().map(|u| u.as_ref().to_owned()).collect();
-        let shown = urls.iter().map(|u| mask(u)).collect::<Vec<_>>().join(",");
-        let target = cluster_client(
-            &urls,
-            #[cfg(feature = "tls")]
-            tls.as_ref(),
-        )
-        .map(|c| Target::Cluster(Box::new(c)))
-        .map_err(|e| format!("`{shown}` are not Redis Cluster URLs ({e})"));
-        Self::with_target(target, shown)
     }
 
     /// How long a delivery may go without being settled or renewed before another worker
@@ -340,134 +219,6 @@ impl RedisBroker {
     /// its dead letters and whose entries the CLI lists: there each is deleted.
     pub(crate) fn trims(&self, keys: &Keys) -> bool {
         self.allow_oom() && !Keys::is_dead(&keys.name)
-    }
-
-    /// [`keys`](Self::keys), shared: looked up once formatted (the settlement path).
-    pub(crate) fn cached_keys(&self, name: &str) -> Arc<Keys> {
-        let mut cache = lock(&self.inner.keys);
-        if let Some(k) = cache.get(&self.namespace).and_then(|m| m.get(name)) {
-            return Arc::clone(k);
-        }
-        if cache.values().map(HashMap::len).sum::<usize>() >= KEYS_CACHED {
-            cache.clear();
-        }
-        let k = Arc::new(self.keys(name));
-        cache
-            .entry(self.namespace.clone())
-            .or_default()
-            .insert(name.to_owned(), Arc::clone(&k));
-        k
-    }
-
-    /// [`cached_keys`](Self::cached_keys) with the stream of priority `level` (see
-    /// [`Keys::at`]).
-    pub(crate) fn keys_at(&self, name: &str, level: Priority) -> Arc<Keys> {
-        if level == Priority::NORMAL {
-            return self.cached_keys(name);
-        }
-        let mut cache = lock(&self.inner.keys);
-        // Not a queue's name (`#` cannot start a level's suffix): no clash with a queue.
-        let cached = format!("{name}#{level}");
-        if let Some(k) = cache.get(&self.namespace).and_then(|m| m.get(&cached)) {
-            return Arc::clone(k);
-        }
-        if cache.values().map(HashMap::len).sum::<usize>() >= KEYS_CACHED {
-            cache.clear();
-        }
-        let k = Arc::new(self.keys(name).at(level));
-        cache
-            .entry(self.namespace.clone())
-            .or_default()
-            .insert(cached, Arc::clone(&k));
-        k
-    }
-
-    /// The priority levels of `queue`'s streams, highest first (normal always): the levels
-    /// whose stream exists (a publish, the delayed mover or a replay made it), looked for at
-    /// most once a second (at once after this process published at a level). A level seen for
-    /// the first time gets its consumer group. Nothing else records which levels are in use,
-    /// so nothing can say a level is unused while its stream holds jobs.
-    pub(crate) async fn levels_in_use(&self, queue: &str) -> Result<Vec<Priority>, BrokerError> {
-        if Keys::is_dead(queue) {
-            return Ok(vec![Priority::NORMAL]);
-        }
-        let now = tokio::time::Instant::now();
-        let hk = self.housekeeping(queue);
-        if hk
-            .levels_read
-            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
-        {
-            return Ok(levels_of(hk.levels));
-        }
-        let mask = self.levels_present(&self.cached_keys(queue)).await?;
-        self.prepare_levels(queue, mask & !hk.levels).await?;
-        self.update_housekeeping(queue, |h| {
-            h.levels = mask;
-            h.levels_read = Some(now);
-        });
-        Ok(levels_of(mask))
-    }
-
-    /// Adds the levels of `mask` to those `queue`'s claims read (giving each new one its
-    /// group); returns them all, highest first.
-    pub(crate) async fn add_levels(
-        &self,
-        queue: &str,
-        mask: u8,
-    ) -> Result<Vec<Priority>, BrokerError> {
-        let known = self.housekeeping(queue).levels;
-        self.prepare_levels(queue, mask & !known).await?;
-        let mut all = known;
-        self.update_housekeeping(queue, |h| {
-            h.levels |= mask;
-            all = h.levels;
-        });
-        Ok(levels_of(all))
-    }
-
-    /// Gives the streams of the levels of `mask` other than normal their consumer group.
-    async fn prepare_levels(&self, queue: &str, mask: u8) -> Result<(), BrokerError> {
-        let keys = self.cached_keys(queue);
-        for l in levels_of(mask) {
-            if l != Priority::NORMAL {
-                self.prepare_stream(&keys.at(l)).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The levels other than normal whose stream exists on the server, one bit each
-    /// ([`level_bit`]): one `EXISTS` per level, in one round trip.
-    pub(crate) async fn levels_present(&self, keys: &Keys) -> Result<u8, BrokerError> {
-        let others: Vec<Priority> = Priority::ALL
-            .into_iter()
-            .filter(|l| *l != Priority::NORMAL)
-            .collect();
-        let mut pipe = redis::pipe();
-        for l in &others {
-            pipe.cmd("EXISTS").arg(&keys.at(*l).stream);
-        }
-        let mut c = self.conn()?;
-        let found: Vec<i64> = pipe.query_async(&mut c).await.map_err(|e| self.err(e))?;
-        Ok(others
-            .iter()
-            .zip(found)
-            .filter(|(_, n)| *n > 0)
-            .fold(0u8, |m, (l, _)| m | level_bit(*l)))
-    }
-
-    /// `queue`'s housekeeping (a fresh one the first time).
-    pub(crate) fn housekeeping(&self, queue: &str) -> Housekeeping {
-        lock(&self.inner.housekeeping)
-            .get(queue)
-            .copied()
-            .unwrap_or_default()
-    }
-
-    /// Changes `queue`'s housekeeping in place.
-    pub(crate) fn update_housekeeping(&self, queue: &str, f: impl FnOnce(&mut Housekeeping)) {
-        let mut all = lock(&self.inner.housekeeping);
-        f(all.entry(queue.to_owned()).or_default());
     }
 
     /// Puts every key of this broker in namespace `ns` (`{ns<queue>}`), so that several
@@ -769,39 +520,5 @@ impl Broker for RedisBroker {
     /// the server's `TIME`).
     fn clock(&self) -> Clock {
         self.inner.clock.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Without the `tls` feature a `rediss://` URL is refused at start, in one line naming the
-    /// feature, the password masked (run by scripts/check-features, which builds this crate
-    /// alone: the workspace's tests turn `tls` on).
-    #[cfg(not(feature = "tls"))]
-    #[test]
-    fn a_tls_url_without_the_feature_names_the_feature() {
-        let broker = RedisBroker::from_url("rediss://user:secret@127.0.0.1:6380/");
-        let Err(text) = &broker.inner.target else {
-            panic!("a rediss:// URL without the feature must be refused");
-        };
-        assert!(!text.contains('\n'), "one line: {text:?}");
-        assert!(
-            text.contains("`tls` feature") && text.contains("stagedoor-jobs-redis"),
-            "names the feature: {text}"
-        );
-        assert!(!text.contains("secret"), "the password is masked: {text}");
-    }
-
-    /// With it, certificates given for a plain `redis://` URL are refused, naming `rediss://`.
-    #[cfg(feature = "tls")]
-    #[test]
-    fn certificates_for_a_plain_url_name_rediss() {
-        let broker = RedisBroker::from_url_with_tls("redis://127.0.0.1:6379/", crate::Tls::new());
-        let Err(text) = &broker.inner.target else {
-            panic!("certificates for redis:// must be refused");
-        };
-        assert!(text.contains("rediss://"), "{text}");
     }
 }

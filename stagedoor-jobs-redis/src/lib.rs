@@ -198,6 +198,7 @@ mod entry;
 mod errors;
 mod failover;
 mod keys;
+mod permits;
 mod publish;
 mod schedule;
 mod scripts;

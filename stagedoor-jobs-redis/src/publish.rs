@@ -10,7 +10,9 @@ use stagedoor_jobs::broker::{BrokerError, Published};
 use stagedoor_jobs::{Envelope, JobId, Priority};
 
 use crate::broker::{RedisBroker, ms};
+use crate::conn::Conn;
 use crate::entry;
+use crate::keys::Keys;
 use crate::scripts;
 
 /// Jobs per call of the publish script: each call is one step on the server, short enough
@@ -66,6 +68,42 @@ fn publish_chunks(jobs: &[(Envelope, Option<DateTime<Utc>>)], now: DateTime<Utc>
     chunks
 }
 
+/// Which of the `jobs` jobs of a publish to `queue` were stored, from the answers of its
+/// script calls (`skipped`, one per chunk of `chunks`): every job but those a call reported
+/// skipped (already in the queue, or earlier in the batch).
+fn stored_of(
+    queue: &str,
+    jobs: usize,
+    chunks: &[Chunk],
+    skipped: &[Vec<i64>],
+) -> Result<Vec<bool>, BrokerError> {
+    // The script reports the 1-based positions (within its call) of the jobs whose id was
+    // already in the queue or earlier in the batch; every other job was stored.
+    let mut stored = vec![true; jobs];
+    if skipped.len() != chunks.len() {
+        return Err(BrokerError::Backend(format!(
+            "the publish of {} jobs to `{queue}` returned {} answers for {} script calls",
+            jobs,
+            skipped.len(),
+            chunks.len()
+        )));
+    }
+    for ((first, _, _), positions) in chunks.iter().zip(skipped) {
+        for p in positions {
+            let at = usize::try_from(*p - 1).ok().map(|p| first + p);
+            match at.and_then(|i| stored.get_mut(i)) {
+                Some(s) => *s = false,
+                None => {
+                    return Err(BrokerError::Backend(format!(
+                        "the publish script reported job {p} of a call as skipped, a position outside the call (queue `{queue}`)"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(stored)
+}
+
 impl RedisBroker {
     /// [`Broker::publish`](stagedoor_jobs::broker::Broker::publish) on Redis (the trait's impl
     /// in `broker.rs` calls this).
@@ -81,67 +119,12 @@ impl RedisBroker {
         let keys = self.keys(queue);
         let now = self.now();
         let chunks = publish_chunks(&jobs, now);
-        let skipped: Vec<Vec<i64>> = if let [(_, Priority::NORMAL, args)] = chunks.as_slice() {
-            // One call: atomic by itself, one round trip once the script is loaded.
-            vec![
-                scripts::PUBLISH
-                    .key(&keys.stream)
-                    .key(&keys.delayed)
-                    .key(&keys.ids)
-                    .arg(args)
-                    .invoke_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?,
-            ]
-        } else {
-            // Several calls in one transaction (`MULTI` ... `EXEC`), sent in one round trip:
-            // the server runs them one after the other with nothing in between, or none if
-            // the connection fails before `EXEC` arrives. A call failing while it runs (a key
-            // of the wrong type) is not undone by `EXEC`, but it fails the publish. `EVAL`
-            // with the text rather than `EVALSHA`: a script missing from the cache inside
-            // `EXEC` could not be loaded and retried. A retry of the whole batch after an
-            // error is safe: ids already in the queue are not added twice.
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            for (_, level, args) in &chunks {
-                pipe.cmd("EVAL")
-                    .arg(scripts::PUBLISH_BODY.as_str())
-                    .arg(3)
-                    .arg(&keys.at(*level).stream)
-                    .arg(&keys.delayed)
-                    .arg(&keys.ids)
-                    .arg(args);
-            }
-            pipe.query_async(&mut c).await.map_err(|e| self.err(e))?
-        };
+        let skipped = self.run_chunks(&mut c, &keys, &chunks).await?;
         if chunks.iter().any(|c| c.1 != Priority::NORMAL) {
             // This process's claims look for the levels' streams at once, not within a second.
             self.update_housekeeping(queue, |h| h.levels_read = None);
         }
-        // The script reports the 1-based positions (within its call) of the jobs whose id was
-        // already in the queue or earlier in the batch; every other job was stored.
-        let mut stored = vec![true; jobs.len()];
-        if skipped.len() != chunks.len() {
-            return Err(BrokerError::Backend(format!(
-                "the publish of {} jobs to `{queue}` returned {} answers for {} script calls",
-                jobs.len(),
-                skipped.len(),
-                chunks.len()
-            )));
-        }
-        for ((first, _, _), positions) in chunks.iter().zip(&skipped) {
-            for p in positions {
-                let at = usize::try_from(*p - 1).ok().map(|p| first + p);
-                match at.and_then(|i| stored.get_mut(i)) {
-                    Some(s) => *s = false,
-                    None => {
-                        return Err(BrokerError::Backend(format!(
-                            "the publish script reported job {p} of a call as skipped, a position outside the call (queue `{queue}`)"
-                        )));
-                    }
-                }
-            }
-        }
+        let stored = stored_of(queue, jobs.len(), &chunks, &skipped)?;
         let published: Vec<Published> = jobs
             .iter()
             .zip(stored)
@@ -161,6 +144,50 @@ impl RedisBroker {
             self.look_for_due_by(queue, soonest, now);
         }
         Ok(published)
+    }
+
+    /// Runs the publish script's `chunks` on `keys`: the one call alone, or the calls in one
+    /// transaction. Returns each call's answer (the 1-based positions of the jobs it skipped).
+    async fn run_chunks(
+        &self,
+        c: &mut Conn,
+        keys: &Keys,
+        chunks: &[Chunk],
+    ) -> Result<Vec<Vec<i64>>, BrokerError> {
+        let skipped: Vec<Vec<i64>> = if let [(_, Priority::NORMAL, args)] = chunks {
+            // One call: atomic by itself, one round trip once the script is loaded.
+            vec![
+                scripts::PUBLISH
+                    .key(&keys.stream)
+                    .key(&keys.delayed)
+                    .key(&keys.ids)
+                    .arg(args)
+                    .invoke_async(c)
+                    .await
+                    .map_err(|e| self.err(e))?,
+            ]
+        } else {
+            // Several calls in one transaction (`MULTI` ... `EXEC`), sent in one round trip:
+            // the server runs them one after the other with nothing in between, or none if
+            // the connection fails before `EXEC` arrives. A call failing while it runs (a key
+            // of the wrong type) is not undone by `EXEC`, but it fails the publish. `EVAL`
+            // with the text rather than `EVALSHA`: a script missing from the cache inside
+            // `EXEC` could not be loaded and retried. A retry of the whole batch after an
+            // error is safe: ids already in the queue are not added twice.
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            for (_, level, args) in chunks {
+                pipe.cmd("EVAL")
+                    .arg(scripts::PUBLISH_BODY.as_str())
+                    .arg(3)
+                    .arg(&keys.at(*level).stream)
+                    .arg(&keys.delayed)
+                    .arg(&keys.ids)
+                    .arg(args);
+            }
+            pipe.query_async(c).await.map_err(|e| self.err(e))?
+        };
+        Ok(skipped)
     }
 
     /// One script: when the guard's key (`{<queue>}:once:<guard>`,

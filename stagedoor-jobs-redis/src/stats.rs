@@ -10,6 +10,7 @@ use stagedoor_jobs::Priority;
 use stagedoor_jobs::broker::{BrokerError, QueueStats};
 
 use crate::broker::{GROUP, RedisBroker, ms};
+use crate::conn::Conn;
 use crate::entry;
 use crate::keys::Keys;
 use crate::value;
@@ -89,21 +90,7 @@ impl RedisBroker {
             Err(e)
                 if e.to_string().contains("no such key") || e.to_string().contains("NOGROUP") =>
             {
-                let delayed: i64 = cmd("ZCARD")
-                    .arg(&keys.delayed)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                let len: i64 = cmd("XLEN")
-                    .arg(&keys.stream)
-                    .query_async(&mut c)
-                    .await
-                    .map_err(|e| self.err(e))?;
-                return Ok(QueueStats {
-                    ready: len.max(0) as u64,
-                    delayed: delayed.max(0) as u64,
-                    ..QueueStats::default()
-                });
+                return self.groupless_stats(&mut c, keys).await;
             }
             Err(e) => return Err(self.err(e)),
         };
@@ -115,8 +102,6 @@ impl RedisBroker {
             .max(0) as u64;
         let delayed = replies.get(2).and_then(value::int).unwrap_or(0).max(0) as u64;
         let expired = (replies.get(4).map_or(0, |v| value::array(v).len()) as u64).min(pending);
-        // The oldest entry not yet delivered to the group is the first after its last-delivered id.
-        let mut oldest = None;
         let group = replies.get(3).and_then(|groups| {
             value::array(groups).iter().find_map(|g| {
                 let f = value::fields(g);
@@ -138,49 +123,89 @@ impl RedisBroker {
         // promoted replica's group can report a lag its stream no longer has (16 "ready" jobs
         // on an empty queue, seen in tests/redis_failover.rs).
         let not_pending = len.saturating_sub(pending);
-        let mut ready = lag.map_or(not_pending, |l| l.min(not_pending));
-        if ready > 0 {
-            // With no lag to go by (Redis 6.2; a server that reloaded its data, whose group no
-            // longer knows how many entries it read), the entries after the last-delivered id
-            // are counted, up to `UNKNOWN_LAG_COUNTED`: "not pending" would also count settled
-            // entries waiting for the trim.
-            let count = if lag.is_none() {
-                UNKNOWN_LAG_COUNTED + 1
-            } else {
-                1
-            };
-            let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
-            let reply: Value = cmd("XRANGE")
-                .arg(&keys.stream)
-                .arg(start)
-                .arg("+")
-                .arg("COUNT")
-                .arg(count)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| self.err(e))?;
-            let after = value::entries(&reply);
-            if lag.is_none() && (after.len() as u64) <= UNKNOWN_LAG_COUNTED {
-                ready = ready.min(after.len() as u64);
-            }
-            if let Some((id, _)) = after.first() {
-                let added: i64 = id
-                    .split('-')
-                    .next()
-                    .and_then(|m| m.parse().ok())
-                    .unwrap_or(0);
-                oldest = Some(Duration::from_millis((ms(self.now()) - added).max(0) as u64));
-            } else {
-                // Nothing after the group's last-delivered id: nothing waits, whatever the
-                // lag said.
-                ready = 0;
-            }
-        }
+        let ready = lag.map_or(not_pending, |l| l.min(not_pending));
+        // The oldest entry not yet delivered to the group is the first after its last-delivered id.
+        let (ready, oldest) = if ready > 0 {
+            self.waiting(&mut c, keys, last_delivered, lag, ready)
+                .await?
+        } else {
+            (ready, None)
+        };
         Ok(QueueStats {
             ready: ready + expired,
             pending: pending - expired,
             delayed,
             oldest,
+        })
+    }
+
+    /// The entries of `keys`' stream not yet delivered to the group (`ready` as counted from
+    /// the group's `lag` or the entries not pending, more than 0) made exact, and how long the
+    /// oldest of them has waited: read from the entries after the group's `last_delivered` id.
+    async fn waiting(
+        &self,
+        c: &mut Conn,
+        keys: &Keys,
+        last_delivered: Option<String>,
+        lag: Option<u64>,
+        mut ready: u64,
+    ) -> Result<(u64, Option<Duration>), BrokerError> {
+        let mut oldest = None;
+        // With no lag to go by (Redis 6.2; a server that reloaded its data, whose group no
+        // longer knows how many entries it read), the entries after the last-delivered id
+        // are counted, up to `UNKNOWN_LAG_COUNTED`: "not pending" would also count settled
+        // entries waiting for the trim.
+        let count = if lag.is_none() {
+            UNKNOWN_LAG_COUNTED + 1
+        } else {
+            1
+        };
+        let start = last_delivered.map_or("-".to_owned(), |id| format!("({id}"));
+        let reply: Value = cmd("XRANGE")
+            .arg(&keys.stream)
+            .arg(start)
+            .arg("+")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(c)
+            .await
+            .map_err(|e| self.err(e))?;
+        let after = value::entries(&reply);
+        if lag.is_none() && (after.len() as u64) <= UNKNOWN_LAG_COUNTED {
+            ready = ready.min(after.len() as u64);
+        }
+        if let Some((id, _)) = after.first() {
+            let added: i64 = id
+                .split('-')
+                .next()
+                .and_then(|m| m.parse().ok())
+                .unwrap_or(0);
+            oldest = Some(Duration::from_millis((ms(self.now()) - added).max(0) as u64));
+        } else {
+            // Nothing after the group's last-delivered id: nothing waits, whatever the
+            // lag said.
+            ready = 0;
+        }
+        Ok((ready, oldest))
+    }
+
+    /// The counts of `keys`' stream when it or its group does not exist yet (nothing
+    /// published, no worker started): its entries are ready, and the queue's delayed set.
+    async fn groupless_stats(&self, c: &mut Conn, keys: &Keys) -> Result<QueueStats, BrokerError> {
+        let delayed: i64 = cmd("ZCARD")
+            .arg(&keys.delayed)
+            .query_async(c)
+            .await
+            .map_err(|e| self.err(e))?;
+        let len: i64 = cmd("XLEN")
+            .arg(&keys.stream)
+            .query_async(c)
+            .await
+            .map_err(|e| self.err(e))?;
+        Ok(QueueStats {
+            ready: len.max(0) as u64,
+            delayed: delayed.max(0) as u64,
+            ..QueueStats::default()
         })
     }
 
