@@ -3,8 +3,8 @@
 //! schedules, last heartbeat) and each queue's processed, failed and dead-lettered jobs per
 //! minute.
 //!
-//! The trait through which they go is [`Activity`](crate::Activity), in `broker.rs` with the
-//! rest of the contract; this file holds what it exchanges.
+//! The trait through which they go is [`Activity`](crate::Activity), in `broker/activity.rs`
+//! with the rest of the contract; this file holds what it exchanges.
 //!
 //! The runtime counts outcomes in memory (atomic counters, nothing on the job path) and a
 //! supervised task sends them with the worker's report every [`REPORT_EVERY`]; a report not

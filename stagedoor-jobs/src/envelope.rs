@@ -450,7 +450,7 @@ impl Job {
             );
         }
         #[cfg(feature = "opentelemetry")]
-        crate::otel::inject(&mut self.envelope.headers);
+        crate::otel::inject(&mut self.envelope.headers.extra);
         let at = self.run_at.resolve(now);
         (self.queue, self.envelope, at)
     }

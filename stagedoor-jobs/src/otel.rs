@@ -18,8 +18,6 @@ use opentelemetry::trace::TraceContextExt;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::envelope::Headers;
-
 /// The header holding the W3C `traceparent` of the span that published the job.
 pub const TRACEPARENT: &str = "traceparent";
 /// The header holding the W3C `tracestate` of that span, when it has one.
@@ -45,25 +43,28 @@ impl Extractor for Extract<'_> {
     }
 }
 
-/// Writes the current span's trace context into `headers`, unless they hold one already or
-/// the current span has none.
-pub(crate) fn inject(headers: &mut Headers) {
-    if headers.extra.contains_key(TRACEPARENT) {
+/// Writes the current span's trace context into `headers` (a job's
+/// [`Headers::extra`](crate::Headers::extra)), unless they hold one already or the current span
+/// has none. The headers are taken as their map so that this file needs nothing of
+/// `envelope.rs`, which calls it.
+pub(crate) fn inject(headers: &mut BTreeMap<String, String>) {
+    if headers.contains_key(TRACEPARENT) {
         return;
     }
     let cx = tracing::Span::current().context();
     if !cx.span().span_context().is_valid() {
         return;
     }
-    TraceContextPropagator::new().inject_context(&cx, &mut Inject(&mut headers.extra));
+    TraceContextPropagator::new().inject_context(&cx, &mut Inject(headers));
 }
 
-/// Makes the trace context in `headers`, if any, the parent of `span`.
-pub(crate) fn set_parent(span: &tracing::Span, headers: &Headers) {
-    if !headers.extra.contains_key(TRACEPARENT) {
+/// Makes the trace context in `headers` (a job's [`Headers::extra`](crate::Headers::extra)), if
+/// any, the parent of `span`.
+pub(crate) fn set_parent(span: &tracing::Span, headers: &BTreeMap<String, String>) {
+    if !headers.contains_key(TRACEPARENT) {
         return;
     }
-    let cx = TraceContextPropagator::new().extract(&Extract(&headers.extra));
+    let cx = TraceContextPropagator::new().extract(&Extract(headers));
     if cx.span().span_context().is_valid() {
         // Fails only for a span that is already closed or unknown to the layer: nothing to do.
         let _ = span.set_parent(cx);

@@ -54,7 +54,7 @@ impl<B: Broker> Worker<B> {
             subscriber = tracing::field::Empty,
         );
         #[cfg(feature = "opentelemetry")]
-        crate::otel::set_parent(&span, env.headers());
+        crate::otel::set_parent(&span, &env.headers().extra);
         async {
             let Some(mount) = self.mount_for(env.kind()) else {
                 let target = self.broker.default_dead_letter(&self.queue.name);
