@@ -14,8 +14,8 @@ use crate::activity::{
 };
 use crate::broker::Activity;
 use crate::broker::{
-    Broker, BrokerError, Cancelled, DeadLetter, DeadSelector, Delivery, MountInfo, Permits,
-    Problem, Published, QueueStats, ReplayReport, Settled, Settlement,
+    Broker, BrokerError, Cancelled, Claimed, DeadLetter, DeadSelector, Delivery, MountInfo,
+    Permits, Problem, Published, QueueStats, ReplayReport, Settled, Settlement,
 };
 use crate::broker::{DeadLetters, Inspect, Locks};
 use crate::clock::{Clock, chrono_duration, later};
@@ -76,6 +76,9 @@ struct Stored {
     /// attempts it spent, which a subscriber reading the dead letter sees on its first
     /// delivery (later deliveries count up from there).
     unread_dead: bool,
+    /// How many times it was claimed since it was last settled (the runtime's poison count
+    /// reads it).
+    delivered: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -178,12 +181,13 @@ impl MemoryBroker {
             }
             .min(crate::broker::MAX_ATTEMPT);
             stored.envelope = stored.envelope.clone().with_attempt(attempt);
+            stored.delivered = stored.delivered.saturating_add(1);
             *seq += 1;
             let token = *seq;
-            out.push(Delivery {
-                envelope: stored.envelope.clone(),
-                receipt: MemoryReceipt(token),
-            });
+            out.push(
+                Delivery::new(stored.envelope.clone(), MemoryReceipt(token))
+                    .with_delivered(stored.delivered),
+            );
             q.running.insert(
                 token,
                 Running {
@@ -362,6 +366,7 @@ impl DeadLetters for MemoryBroker {
                         envelope,
                         dead: None,
                         unread_dead: false,
+                        delivered: 0,
                     },
                 );
                 report.replayed += 1;
@@ -606,7 +611,7 @@ impl Broker for MemoryBroker {
         max: usize,
         wait: Duration,
         order: crate::broker::ClaimOrder,
-    ) -> Result<Vec<Delivery<MemoryReceipt>>, BrokerError> {
+    ) -> Result<Claimed<MemoryReceipt>, BrokerError> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut clock = ClockWatch::new(&self.clock());
         loop {
@@ -616,7 +621,7 @@ impl Broker for MemoryBroker {
             let now = self.now();
             let got = self.try_claim(queue, max, now, order);
             if !got.is_empty() {
-                return Ok(got);
+                return Ok(Claimed::of(got));
             }
             let mut until = deadline;
             if !clock.is_manual() {
@@ -627,7 +632,7 @@ impl Broker for MemoryBroker {
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Ok(Vec::new());
+                return Ok(Claimed::default());
             }
             tokio::select! {
                 _ = notified => {}
@@ -676,6 +681,7 @@ impl Broker for MemoryBroker {
                     q.ids.remove(stored.envelope.id());
                 }
                 Settlement::Retry { delay, .. } => {
+                    stored.delivered = 0;
                     *seq += 1;
                     q.waiting.insert((later(now, delay), *seq), stored);
                 }
@@ -692,6 +698,7 @@ impl Broker for MemoryBroker {
                         failed_at: now,
                     });
                     stored.unread_dead = true;
+                    stored.delivered = 0;
                     let t = queues.entry(target).or_default();
                     t.ids.insert(stored.envelope.id().clone());
                     *seq += 1;
@@ -811,6 +818,7 @@ fn store(
                 envelope,
                 dead: None,
                 unread_dead: false,
+                delivered: 0,
             },
         );
     }
