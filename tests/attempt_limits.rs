@@ -145,17 +145,19 @@ async fn a_job_delivered_past_its_cap_gets_an_honest_error() {
     let letters = app.dead_letters("q.dead").await;
     assert_eq!(letters.len(), 1, "{letters:?}");
     let error = &letters[0].error;
+    // The memory broker counts deliveries: the runtime tells the 5 attempts were spent before
+    // this first delivery, so no worker died here.
     for part in [
-        "delivery 6 ",
+        "arrived on `q` having already spent 5 attempts",
         "max_attempts(3)",
-        "a worker died",
-        "the cap was lowered",
-        "the stored attempt count was edited",
+        "subscriber `fails`",
+        "this was its first delivery",
+        "Replay it",
     ] {
         assert!(error.contains(part), "{part:?} missing from: {error}");
     }
     assert!(
-        !error.contains("a worker died while running it"),
+        !error.contains("a worker died"),
         "it was never delivered: {error}"
     );
     assert!(matches!(

@@ -906,7 +906,8 @@ async fn attacks_on<B: Broker>(b: B) {
                 stagedoor_jobs::broker::ClaimOrder::Priority,
             )
             .await
-            .expect("claim");
+            .expect("claim")
+            .deliveries;
     }
     b.publish_job(
         Job::new("mail", &12)

@@ -1973,7 +1973,8 @@ async fn levels_published_by_another_process_are_claimed_in_order(on: On) {
                 stagedoor_jobs::broker::ClaimOrder::Priority,
             )
             .await
-            .expect("claim");
+            .expect("claim")
+            .deliveries;
     }
     let d = got.pop().expect("the entry added by hand");
     assert_eq!(

@@ -1748,8 +1748,7 @@ impl<B: Broker> Broker for Dying<B> {
         max: usize,
         wait: Duration,
         order: stagedoor_jobs::broker::ClaimOrder,
-    ) -> Result<Vec<stagedoor_jobs::broker::Delivery<B::Receipt>>, stagedoor_jobs::BrokerError>
-    {
+    ) -> Result<stagedoor_jobs::broker::Claimed<B::Receipt>, stagedoor_jobs::BrokerError> {
         self.inner.claim(queue, max, wait, order).await
     }
 

@@ -204,7 +204,7 @@ impl Broker for Faulty {
         max: usize,
         wait: Duration,
         order: stagedoor_jobs::broker::ClaimOrder,
-    ) -> Result<Vec<Delivery<MemoryReceipt>>, BrokerError> {
+    ) -> Result<stagedoor_jobs::broker::Claimed<MemoryReceipt>, BrokerError> {
         let f = &self.faults;
         let n = f.claims.fetch_add(1, Ordering::SeqCst) + 1;
         if f.always_panic || f.panic_on.contains(&n) {

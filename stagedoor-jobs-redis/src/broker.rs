@@ -447,8 +447,9 @@ impl Broker for RedisBroker {
         max: usize,
         wait: Duration,
         order: ClaimOrder,
-    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        self.claim(queue, max, wait, order).await
+    ) -> Result<stagedoor_jobs::broker::Claimed<RedisReceipt>, BrokerError> {
+        let claimed = self.claim(queue, max, wait, order).await?;
+        Ok(stagedoor_jobs::broker::Claimed::of(claimed))
     }
 
     async fn renew(&self, queue: &str, receipt: &RedisReceipt) -> Result<bool, BrokerError> {

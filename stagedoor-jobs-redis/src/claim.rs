@@ -391,15 +391,15 @@ impl RedisBroker {
                 .await?;
             return Ok(None);
         }
-        Ok(Some(Delivery {
+        Ok(Some(Delivery::new(
             envelope,
-            receipt: RedisReceipt {
+            RedisReceipt {
                 id,
                 deliveries,
                 fields,
                 level,
             },
-        }))
+        )))
     }
 
     /// The cap of the mount that runs `kind` on `queue` (its own kind's mount, else the one

@@ -24,8 +24,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::Database;
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, ClaimOrder, DeadLetter, DeadLetters, Delivery, MountInfo, Problem,
-    Published, Settled, Settlement,
+    Broker, BrokerError, ClaimOrder, Claimed, DeadLetter, DeadLetters, Delivery, MountInfo,
+    Problem, Published, Settled, Settlement,
 };
 use stagedoor_jobs::inbox::{Table, is_plain_identifier};
 use stagedoor_jobs::kit::lock;
@@ -447,9 +447,9 @@ impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
         max: usize,
         wait: Duration,
         order: ClaimOrder,
-    ) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
+    ) -> Result<Claimed<SqlReceipt>, BrokerError> {
         let claimed = self.claim_rows(queue, max, wait, order).await;
-        self.broker.noted(claimed)
+        self.broker.noted(claimed).map(Claimed::of)
     }
 
     async fn renew(&self, queue: &str, receipt: &SqlReceipt) -> Result<bool, BrokerError> {

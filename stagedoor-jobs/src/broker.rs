@@ -59,8 +59,13 @@ pub use published::{Published, log_not_stored};
 
 pub use crate::clock::{chrono_duration, later};
 
-/// One claimed job: its envelope (attempt = this delivery's number) and the backend's receipt,
-/// which settles it.
+/// The poison count of the backends here unless configured ([`Broker::poison_count`]): a job
+/// delivered more than 3 times without being settled is dead-lettered without running again.
+pub const DEFAULT_POISON_COUNT: u32 = 3;
+
+/// One claimed job: its envelope (attempt = this delivery's number), the backend's receipt,
+/// which settles it, and what the backend knows of how it got here, for the runtime's rules
+/// (the poison count, the cap on arrival) and their messages.
 #[derive(Debug)]
 pub struct Delivery<R> {
     /// The job.
@@ -68,6 +73,127 @@ pub struct Delivery<R> {
     /// What the backend needs to settle or renew this delivery (a stream entry id, a row id and
     /// the lease it was claimed with).
     pub receipt: R,
+    /// How many times the job has been delivered since it was last settled, this delivery
+    /// included (1 for a job claimed once), when the backend counts it (Redis: the entry's
+    /// delivery count; memory: a counter); `None` when it cannot (SQL counts attempts at the
+    /// claim instead, so a crash loop there ends at the mount's cap). The runtime dead-letters
+    /// a delivery past the poison count without running it
+    /// ([`Broker::poison_count`]).
+    pub delivered: Option<u32>,
+    /// Where the backend read the attempts the job had spent before these deliveries, for the
+    /// runtime's message when they reach its mount's cap on arrival: a phrase that follows
+    /// "job X arrived having spent N attempts", such as "by the `attempts` field (`7`) of
+    /// entry 1-0". `None`: nothing to add.
+    pub spent_from: Option<String>,
+}
+
+impl<R> Delivery<R> {
+    /// A delivery of `envelope`, settled with `receipt`, with no delivery count and nothing to
+    /// say about its spent attempts.
+    pub fn new(envelope: Envelope, receipt: R) -> Self {
+        Self {
+            envelope,
+            receipt,
+            delivered: None,
+            spent_from: None,
+        }
+    }
+
+    /// The same, delivered `n` times since last settled ([`delivered`](Self::delivered)).
+    pub fn with_delivered(mut self, n: u32) -> Self {
+        self.delivered = Some(n);
+        self
+    }
+
+    /// The same, with where its spent attempts were read ([`spent_from`](Self::spent_from)).
+    pub fn with_spent_from(mut self, from: impl Into<String>) -> Self {
+        self.spent_from = Some(from.into());
+        self
+    }
+}
+
+/// A claimed item the backend could not read as a job (a stream entry without a `kind`, a row
+/// whose payload column is not text): it is leased like a delivery, and the runtime moves it
+/// to a dead letter of its choice ([`Broker::dead_letter_unreadable`]) with its raw content
+/// kept. It never runs.
+#[derive(Debug)]
+pub struct Unreadable<R> {
+    /// What is wrong with it, and how to fix it: the backend's words, which the dead letter
+    /// keeps as its error.
+    pub error: String,
+    /// The job's kind, when the backend could read it (to pick the mount's dead letter).
+    pub kind: Option<String>,
+    /// What the backend needs to move it.
+    pub receipt: R,
+}
+
+/// What one [`Broker::claim`] took: the deliveries to run and the items it could not read.
+/// It dereferences to its deliveries, so a caller that expects none unreadable reads it as
+/// the list of deliveries.
+#[derive(Debug)]
+pub struct Claimed<R> {
+    /// The jobs to run.
+    pub deliveries: Vec<Delivery<R>>,
+    /// The items that cannot run: the runtime dead-letters each.
+    pub unreadable: Vec<Unreadable<R>>,
+}
+
+impl<R> Claimed<R> {
+    /// A claim that took `deliveries` and nothing unreadable.
+    pub fn of(deliveries: Vec<Delivery<R>>) -> Self {
+        Self {
+            deliveries,
+            unreadable: Vec::new(),
+        }
+    }
+
+    /// Whether it took nothing at all.
+    pub fn is_empty(&self) -> bool {
+        self.deliveries.is_empty() && self.unreadable.is_empty()
+    }
+
+    /// How many items it took, readable or not.
+    pub fn taken(&self) -> usize {
+        self.deliveries.len() + self.unreadable.len()
+    }
+}
+
+impl<R> Default for Claimed<R> {
+    fn default() -> Self {
+        Self::of(Vec::new())
+    }
+}
+
+impl<R> std::ops::Deref for Claimed<R> {
+    type Target = Vec<Delivery<R>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.deliveries
+    }
+}
+
+impl<R> std::ops::DerefMut for Claimed<R> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.deliveries
+    }
+}
+
+impl<'a, R> IntoIterator for &'a Claimed<R> {
+    type Item = &'a Delivery<R>;
+    type IntoIter = std::slice::Iter<'a, Delivery<R>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.deliveries.iter()
+    }
+}
+
+impl<R> IntoIterator for Claimed<R> {
+    type Item = Delivery<R>;
+    type IntoIter = std::vec::IntoIter<Delivery<R>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.deliveries.into_iter()
+    }
 }
 
 /// What to do with a delivery, decided by the runtime from the handler's outcome, the mount's
@@ -164,7 +290,27 @@ pub trait Broker: DeadLetters + Locks + Activity {
         max: usize,
         wait: Duration,
         order: ClaimOrder,
-    ) -> impl Future<Output = Result<Vec<Delivery<Self::Receipt>>, BrokerError>> + Send;
+    ) -> impl Future<Output = Result<Claimed<Self::Receipt>, BrokerError>> + Send;
+
+    /// Moves `item`, an [`Unreadable`] item a claim of `queue` returned, to the dead letter
+    /// `target` in one atomic step, with its raw content kept as it was (fields, columns) and
+    /// `item.error` as its error; fenced like [`settle`](Broker::settle). The runtime picks
+    /// `target`: the first dead letter (by name) declared by a mount of `queue`, else
+    /// [`default_dead_letter`](DeadLetters::default_dead_letter). The default refuses: a
+    /// broker whose claims never return an unreadable item needs no other.
+    fn dead_letter_unreadable(
+        &self,
+        queue: &str,
+        item: &Unreadable<Self::Receipt>,
+        target: &str,
+    ) -> impl Future<Output = Result<Settled, BrokerError>> + Send {
+        let _ = (item, target);
+        let e = BrokerError::Backend(format!(
+            "the {} backend returned an unreadable item of `{queue}` but cannot dead-letter one",
+            self.backend()
+        ));
+        async { Err(e) }
+    }
 
     /// Extends a held delivery's lease. `Ok(false)` when it was already lost. The runtime
     /// renews every delivery it holds every third of the lease, from its claim until it is
@@ -255,6 +401,15 @@ pub trait Broker: DeadLetters + Locks + Activity {
     ) -> impl Future<Output = Result<Vec<JobId>, BrokerError>> + Send {
         let _ = (queue, ids);
         async { Ok(Vec::new()) }
+    }
+
+    /// The poison count: the runtime dead-letters, without running it, a delivery that
+    /// reports ([`Delivery::delivered`]) more deliveries than this since its job was last
+    /// settled (its workers died running it each time). The default is
+    /// [`DEFAULT_POISON_COUNT`] (3); a broker may let
+    /// its user set another. Only the number lives here: the decision is the runtime's.
+    fn poison_count(&self) -> u32 {
+        DEFAULT_POISON_COUNT
     }
 
     /// How long a claim holds a job; the runtime renews a held delivery every third of it. The

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 
 use crate::activity::{MinuteCounts, WorkerReport};
 use crate::broker::{
-    Broker, BrokerError, Delivery, MountInfo, Problem, Published, Settled, Settlement,
+    Broker, BrokerError, Claimed, Delivery, MountInfo, Problem, Published, Settled, Settlement,
 };
 use crate::clock::{Clock, later};
 use crate::envelope::{Envelope, JobId};
@@ -78,6 +78,9 @@ struct Stored {
     /// attempts it spent, which a subscriber reading the dead letter sees on its first
     /// delivery (later deliveries count up from there).
     unread_dead: bool,
+    /// How many times it was claimed since it was last settled (the runtime's poison count
+    /// reads it).
+    delivered: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -180,12 +183,13 @@ impl MemoryBroker {
             }
             .min(crate::broker::MAX_ATTEMPT);
             stored.envelope = stored.envelope.clone().with_attempt(attempt);
+            stored.delivered = stored.delivered.saturating_add(1);
             *seq += 1;
             let token = *seq;
-            out.push(Delivery {
-                envelope: stored.envelope.clone(),
-                receipt: MemoryReceipt(token),
-            });
+            out.push(
+                Delivery::new(stored.envelope.clone(), MemoryReceipt(token))
+                    .with_delivered(stored.delivered),
+            );
             q.running.insert(
                 token,
                 Running {
@@ -232,7 +236,7 @@ impl Broker for MemoryBroker {
         max: usize,
         wait: Duration,
         order: crate::broker::ClaimOrder,
-    ) -> Result<Vec<Delivery<MemoryReceipt>>, BrokerError> {
+    ) -> Result<Claimed<MemoryReceipt>, BrokerError> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut clock = ClockWatch::new(&self.clock());
         loop {
@@ -242,7 +246,7 @@ impl Broker for MemoryBroker {
             let now = self.now();
             let got = self.try_claim(queue, max, now, order);
             if !got.is_empty() {
-                return Ok(got);
+                return Ok(Claimed::of(got));
             }
             let mut until = deadline;
             if !clock.is_manual() {
@@ -253,7 +257,7 @@ impl Broker for MemoryBroker {
                 }
             }
             if tokio::time::Instant::now() >= deadline {
-                return Ok(Vec::new());
+                return Ok(Claimed::default());
             }
             tokio::select! {
                 _ = notified => {}
@@ -302,6 +306,7 @@ impl Broker for MemoryBroker {
                     q.ids.remove(stored.envelope.id());
                 }
                 Settlement::Retry { delay, .. } => {
+                    stored.delivered = 0;
                     *seq += 1;
                     q.waiting.insert((later(now, delay), *seq), stored);
                 }
@@ -318,6 +323,7 @@ impl Broker for MemoryBroker {
                         failed_at: now,
                     });
                     stored.unread_dead = true;
+                    stored.delivered = 0;
                     let t = queues.entry(target).or_default();
                     t.ids.insert(stored.envelope.id().clone());
                     *seq += 1;
@@ -437,6 +443,7 @@ fn store(
                 envelope,
                 dead: None,
                 unread_dead: false,
+                delivered: 0,
             },
         );
     }

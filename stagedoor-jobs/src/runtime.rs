@@ -10,16 +10,22 @@
 //!   graceful wait for running handlers at shutdown;
 //! - `delivery.rs`: one delivery: dispatch by kind, the handler run, the outcome-to-settlement
 //!   rules;
+//! - `arrival.rs`: the rules a delivery meets before it runs (the poison count, the cap on
+//!   arrival), the same for every backend;
+//! - `unreadable.rs`: an item a claim could not read, moved to the dead letter the runtime
+//!   picks;
 //! - `limits.rs`: a queue's global limits (global concurrency, rate), taken as permits of the
 //!   backend's pools before each claim;
 //! - `settle.rs`: the lease renewed while the handler runs, and the settlement tried again
 //!   until it takes effect or is fenced.
 
+mod arrival;
 mod context;
 mod delivery;
 pub(crate) mod limits;
 mod route;
 mod settle;
+mod unreadable;
 mod worker;
 
 pub(crate) use context::{HeldBack, Observer, RunCtx};

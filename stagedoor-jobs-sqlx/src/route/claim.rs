@@ -214,10 +214,10 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             }
             let doc = HeaderDoc::parse(r.headers.as_deref());
             let envelope = self.envelope_of(queue, &r, &doc);
-            out.push(Delivery {
+            out.push(Delivery::new(
                 envelope,
-                receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
-            });
+                SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
+            ));
         }
         out
     }
@@ -306,10 +306,10 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             r.id
         );
         tracing::error!(queue, row = %r.id, dead_letter = %target, "{error}");
-        let delivery = Delivery {
+        let delivery = Delivery::new(
             envelope,
-            receipt: SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
-        };
+            SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
+        );
         let failure = Failure::new(FailureCause::Decode, error, String::new());
         match Broker::settle(
             self,

@@ -122,6 +122,7 @@ impl DeadLetters for MemoryBroker {
                         envelope,
                         dead: None,
                         unread_dead: false,
+                        delivered: 0,
                     },
                 );
                 report.replayed += 1;

@@ -57,41 +57,26 @@ impl<B: Broker> Worker<B> {
         crate::otel::set_parent(&span, &env.headers().extra);
         async {
             let Some(mount) = self.mount_for(env.kind()) else {
-                let target = self.broker.default_dead_letter(&self.queue.name);
-                let failure = Failure::new(
-                    FailureCause::UnknownKind,
-                    format!(
-                        "no handler for kind `{}` on queue `{}`: mount a subscriber with `kind = \"{}\"` (or one for every kind), then replay this dead letter",
-                        env.kind(),
-                        self.queue.name,
-                        env.kind()
-                    ),
-                    String::new(),
-                );
-                tracing::error!(dead_letter = %target, "{}", failure.error);
-                self.settle("", &delivery, Settlement::DeadLetter { target, failure }).await;
+                self.unknown_kind(&delivery).await;
                 return;
             };
             let spec = &mount.spec;
             tracing::Span::current().record("subscriber", spec.subscriber.as_str());
-            if let (Some(cap), Some(target)) = (spec.max_attempts, &spec.dead_letter)
-                && env.attempt() > cap.get()
-            {
-                    let failure = Failure::new(
-                        FailureCause::Poison,
-                        poison_message(env.attempt(), cap.get()),
-                        String::new(),
-                    );
-                    tracing::error!(dead_letter = %target, "{}", failure.error);
-                    let s = Settlement::DeadLetter { target: target.clone(), failure };
-                    self.settle(&spec.subscriber, &delivery, s).await;
-                    return;
+            let poison_count = self.broker.poison_count();
+            let default_dl = || self.broker.default_dead_letter(&self.queue.name);
+            if let Some(s) = super::arrival::refused(spec, &delivery, poison_count, default_dl) {
+                self.settle(&spec.subscriber, &delivery, s).await;
+                return;
             }
             // The lease is renewed from here on, while the delivery waits for a slot of its
             // mount and while its handler runs.
             let run = async {
                 // A mount's permits are never closed: nothing calls `close` on them.
-                let _slot = mount.permits.acquire().await.expect("semaphore never closed");
+                let _slot = mount
+                    .permits
+                    .acquire()
+                    .await
+                    .expect("semaphore never closed");
                 if cancel.is_cancelled() {
                     return None;
                 }
@@ -107,8 +92,8 @@ impl<B: Broker> Worker<B> {
                 // In a task of its own: a handler that blocks its thread (blocking code
                 // without `spawn_blocking`) holds up only that task, not this one, which
                 // renews the lease meanwhile.
-                let handler = CatchPanic::new(spec.handler.run(ctx))
-                    .instrument(tracing::Span::current());
+                let handler =
+                    CatchPanic::new(spec.handler.run(ctx)).instrument(tracing::Span::current());
                 let ran = match (HandlerTask(tokio::spawn(handler))).await {
                     Ok(ran) => ran,
                     Err(e) => Err(Failure::new(
@@ -132,29 +117,62 @@ impl<B: Broker> Worker<B> {
                 for o in self.ctx.observers.iter() {
                     o.cancelled(&self.queue.name, env);
                 }
-                self.settle(&spec.subscriber, &delivery, Settlement::Drop).await;
+                self.settle(&spec.subscriber, &delivery, Settlement::Drop)
+                    .await;
                 return;
             };
-            let settlement = match ran {
-                Ok(Ran::Verdict(Verdict::Ack)) => Settlement::Ack,
-                Ok(Ran::Verdict(Verdict::Drop)) => {
-                    tracing::info!("dropped by its handler");
-                    Settlement::Drop
-                }
-                Ok(Ran::Verdict(Verdict::Failed(f, after))) => self.failed(spec, env, f, after),
-                Ok(Ran::Undecodable(f)) => match (&spec.on_decode_error, &spec.dead_letter) {
-                    (OnDecodeError::DeadLetter, Some(target)) => {
-                        tracing::error!(dead_letter = %target, error = %f.error, "undecodable payload dead-lettered");
-                        Settlement::DeadLetter { target: target.clone(), failure: f }
-                    }
-                    _ => self.failed(spec, env, f, None),
-                },
-                Err(panic) => self.failed(spec, env, panic, None),
-            };
+            let settlement = self.settlement(spec, env, ran);
             self.settle(&spec.subscriber, &delivery, settlement).await;
         }
         .instrument(span)
         .await
+    }
+
+    /// A job whose kind no mount of the queue handles: to the default dead letter.
+    async fn unknown_kind(&self, delivery: &Delivery<B::Receipt>) {
+        let env = &delivery.envelope;
+        let target = self.broker.default_dead_letter(&self.queue.name);
+        let failure = Failure::new(
+            FailureCause::UnknownKind,
+            format!(
+                "no handler for kind `{}` on queue `{}`: mount a subscriber with `kind = \"{}\"` (or one for every kind), then replay this dead letter",
+                env.kind(),
+                self.queue.name,
+                env.kind()
+            ),
+            String::new(),
+        );
+        tracing::error!(dead_letter = %target, "{}", failure.error);
+        self.settle("", delivery, Settlement::DeadLetter { target, failure })
+            .await;
+    }
+
+    /// What the handler's run asks for: acknowledged, dropped, retried or dead-lettered.
+    fn settlement(
+        &self,
+        spec: &MountSpec,
+        env: &Envelope,
+        ran: Result<Ran, Failure>,
+    ) -> Settlement {
+        match ran {
+            Ok(Ran::Verdict(Verdict::Ack)) => Settlement::Ack,
+            Ok(Ran::Verdict(Verdict::Drop)) => {
+                tracing::info!("dropped by its handler");
+                Settlement::Drop
+            }
+            Ok(Ran::Verdict(Verdict::Failed(f, after))) => self.failed(spec, env, f, after),
+            Ok(Ran::Undecodable(f)) => match (&spec.on_decode_error, &spec.dead_letter) {
+                (OnDecodeError::DeadLetter, Some(target)) => {
+                    tracing::error!(dead_letter = %target, error = %f.error, "undecodable payload dead-lettered");
+                    Settlement::DeadLetter {
+                        target: target.clone(),
+                        failure: f,
+                    }
+                }
+                _ => self.failed(spec, env, f, None),
+            },
+            Err(panic) => self.failed(spec, env, panic, None),
+        }
     }
 
     /// A failed attempt: retried after the backoff (or the handler's delay), or dead-lettered
@@ -192,17 +210,6 @@ impl<B: Broker> Worker<B> {
     }
 }
 
-/// The error of a delivery claimed beyond its mount's cap, dead-lettered without running. The
-/// runtime cannot tell why the count is past the cap, so it names every cause that leads there.
-fn poison_message(attempt: u32, cap: u32) -> String {
-    format!(
-        "this is delivery {attempt} of the job, past max_attempts({cap}), so it is dead-lettered without running again. \
-         Possible causes: a worker died or lost its lease during its earlier deliveries (each claim spends an attempt), \
-         the cap was lowered after those deliveries (a deploy), or the stored attempt count was edited. \
-         Replay it once the cause is fixed (a replay resets its attempts)"
-    )
-}
-
 /// A handler's task, aborted when dropped (its delivery's task cancelled): it never outlives
 /// its delivery.
 struct HandlerTask<T>(tokio::task::JoinHandle<T>);
@@ -221,26 +228,5 @@ impl<T> std::future::Future for HandlerTask<T> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         std::pin::Pin::new(&mut self.0).poll(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::poison_message;
-
-    #[test]
-    fn the_poison_message_names_the_delivery_the_cap_and_every_cause() {
-        let m = poison_message(40, 3);
-        for part in [
-            "delivery 40 ",
-            "max_attempts(3)",
-            "a worker died",
-            "cap was lowered",
-            "stored attempt count was edited",
-            "Replay",
-        ] {
-            assert!(m.contains(part), "{part:?} missing from {m:?}");
-        }
-        assert!(!m.contains("a worker died while running it"), "{m}");
     }
 }

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 
 use super::context::RunCtx;
 use super::limits::Limiter;
-use crate::broker::{Broker, Delivery, FairTurn};
+use crate::broker::{Broker, Claimed, FairTurn};
 use crate::health::TaskCell;
 use crate::kit::lock;
 use crate::mount::MountSpec;
@@ -222,13 +222,13 @@ impl<B: Broker> Worker<B> {
                 .claim(&self.queue.name, asked, CLAIM_WAIT, order)
                 .await;
             if let (Some(l), Some(g)) = (&self.limiter, grant.as_mut()) {
-                let got = claimed.as_ref().map_or(0, Vec::len);
+                let got = claimed.as_ref().map_or(0, Claimed::taken);
                 let waited = claimed_at.elapsed() > Duration::from_millis(5);
                 l.after_claim(&self.broker, g, got, waited).await;
             }
             let running = grant.map(|g| g.running).unwrap_or_default();
             match claimed {
-                Ok(deliveries) => self.claimed(deliveries, asked, permits, running),
+                Ok(claimed) => self.claimed(claimed, asked, permits, running),
                 Err(e) => {
                     if self.claim_failed(&e, &mut stop).await {
                         return;
@@ -276,12 +276,20 @@ impl<B: Broker> Worker<B> {
     /// `permits` (and one of `running`, the queue's global concurrency permits).
     fn claimed(
         self: &Arc<Self>,
-        deliveries: Vec<Delivery<B::Receipt>>,
+        claimed: Claimed<B::Receipt>,
         asked: usize,
         mut permits: Vec<OwnedSemaphorePermit>,
         mut running: Vec<String>,
     ) {
-        self.fair.claimed(deliveries.len());
+        self.fair.claimed(claimed.taken());
+        let Claimed {
+            deliveries,
+            unreadable,
+        } = claimed;
+        // An unreadable item never runs: it gives back its slot at once.
+        for item in unreadable {
+            self.start_unreadable(item);
+        }
         let failed = self.health.claim_ok();
         if failed > 0 {
             tracing::info!(queue = %self.queue.name, "claiming again after {failed} failed attempts");
@@ -332,7 +340,7 @@ impl<B: Broker> Worker<B> {
     /// global concurrency permit, if the queue has that limit) until it is settled.
     fn start(
         self: &Arc<Self>,
-        delivery: Delivery<B::Receipt>,
+        delivery: crate::broker::Delivery<B::Receipt>,
         permit: Option<OwnedSemaphorePermit>,
         global: Option<String>,
     ) {
