@@ -1,7 +1,7 @@
 //! The statements of a claim: the claim itself (bounded by a due time on Postgres, the strays
 //! on SQLite), the lease's renewal and when the next row becomes claimable.
 
-use super::{Flavor, Names, P, Stmt, fence};
+use super::parts::{Flavor, Names, P, Stmt, fence};
 
 /// The number of the delivery a claim of a row makes, from its `attempt` column `a` (the number
 /// of its next delivery): the stored count clamped to `1..=MAX_ATTEMPT`. A count below 1 (a

@@ -1,7 +1,7 @@
 //! The statements of inspection and of the dead letters' care within a table: a group's
 //! counts, its listing, its delayed rows, a replay back to the origin group, a purge.
 
-use super::{Names, P, Stmt, col};
+use super::parts::{Names, P, Stmt, col};
 
 /// The inspecting statements of a table (see the fields of the same names in
 /// [`Statements`](super::Statements)).
