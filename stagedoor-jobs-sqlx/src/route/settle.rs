@@ -10,10 +10,11 @@ use chrono::{DateTime, Utc};
 use stagedoor_jobs::broker::{BrokerError, Delivery, Settled, Settlement};
 use stagedoor_jobs::{Failure, Inbox};
 
-use super::{BACKDATE, SqlxRoute};
+use super::SqlxRoute;
 use crate::batch::{Op, SettleReq, settle_loop};
 use crate::dead_move::move_dead;
 use crate::dialect::{Dialect, acquire, db_err};
+use crate::due::BACKDATE;
 use crate::headers::HeaderDoc;
 use crate::receipt::{IdValue, SqlReceipt};
 use crate::rows::Vals;
