@@ -21,7 +21,9 @@ mod statements;
 
 #[allow(unreachable_pub)]
 pub use parts::Flavor;
-pub(crate) use parts::{CHANNEL, FENCES, P, Stmt};
+#[cfg(feature = "postgres")]
+pub(crate) use parts::CHANNEL;
+pub(crate) use parts::{FENCES, P, Stmt};
 pub(crate) use statements::Statements;
 
 use parts::Names;
