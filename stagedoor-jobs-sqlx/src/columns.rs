@@ -91,7 +91,30 @@ pub(crate) fn compare(
         Some(s) => format!("{}.{}", ident(s), ident(table.name)),
         None => ident(table.name),
     };
-    let roles: Vec<Role> = [
+    let roles = roles_of(table);
+    // Columns of the table that no field names: where a role's column is missing, likely the
+    // one meant (a misspelling), named with it rather than as a problem of its own.
+    let unnamed: Vec<String> = layout
+        .columns
+        .iter()
+        .filter(|f| {
+            !table.columns.contains(&f.name.as_str())
+                && !roles.iter().any(|r| r.column.name == f.name)
+        })
+        .map(|f| format!("`{}`", f.name))
+        .collect();
+    let (mut problems, missing) = role_problems(flavor, table, &t, &roles, layout, &unnamed);
+    // A dead-letter table's other columns are its own business (a move that fails there leaves
+    // the row where it was, and says why).
+    if !copied {
+        problems.extend(unfilled(flavor, &t, &roles, layout, &unnamed, missing));
+    }
+    problems
+}
+
+/// The roles the row gives a column.
+fn roles_of(table: &Table) -> Vec<Role> {
+    [
         ("id", Some(table.id)),
         ("group", table.group),
         ("attempt", table.attempt),
@@ -105,22 +128,22 @@ pub(crate) fn compare(
     ]
     .into_iter()
     .filter_map(|(role, c)| c.map(|column| Role { role, column }))
-    .collect();
+    .collect()
+}
 
-    // Columns of the table that no field names: where a role's column is missing, likely the
-    // one meant (a misspelling), named with it rather than as a problem of its own.
-    let unnamed: Vec<String> = layout
-        .columns
-        .iter()
-        .filter(|f| {
-            !table.columns.contains(&f.name.as_str())
-                && !roles.iter().any(|r| r.column.name == f.name)
-        })
-        .map(|f| format!("`{}`", f.name))
-        .collect();
+/// Each role's column: missing (`true` in the answer when one is), of a type that cannot hold
+/// it, or a lease that cannot be NULL.
+fn role_problems(
+    flavor: crate::sql::Flavor,
+    table: &Table,
+    t: &str,
+    roles: &[Role],
+    layout: &Layout,
+    unnamed: &[String],
+) -> (Vec<String>, bool) {
     let mut missing = false;
     let mut problems = Vec::new();
-    for r in &roles {
+    for r in roles {
         let Some(found) = layout.columns.iter().find(|f| f.name == r.column.name) else {
             missing = true;
             problems.push(format!(
@@ -137,7 +160,7 @@ pub(crate) fn compare(
             continue;
         };
         let problem = match flavor {
-            crate::sql::Flavor::Postgres => postgres::problem(&t, r, found),
+            crate::sql::Flavor::Postgres => postgres::problem(t, r, found),
             crate::sql::Flavor::Sqlite => sqlite::problem(r, found, layout),
         };
         if let Some(p) = problem {
@@ -157,8 +180,21 @@ pub(crate) fn compare(
             ));
         }
     }
+    (problems, missing)
+}
 
-    // Columns a publish leaves out: the database must fill them.
+/// The columns a publish leaves out that the database cannot fill (`NOT NULL` without a
+/// default); `missing`: a role's column is missing, so the columns no field names
+/// (`unnamed`) are left to that problem.
+fn unfilled(
+    flavor: crate::sql::Flavor,
+    t: &str,
+    roles: &[Role],
+    layout: &Layout,
+    unnamed: &[String],
+    missing: bool,
+) -> Vec<String> {
+    let mut problems = Vec::new();
     let written = |name: &str| {
         roles.iter().any(|r| {
             r.column.name == name
@@ -174,9 +210,7 @@ pub(crate) fn compare(
             .iter()
             .any(|r| r.column.name == name && matches!(r.role, "id" | "attempt" | "locked_until"))
     };
-    // A dead-letter table's other columns are its own business (a move that fails there leaves
-    // the row where it was, and says why).
-    for f in layout.columns.iter().filter(|_| !copied) {
+    for f in &layout.columns {
         if missing && unnamed.contains(&format!("`{}`", f.name)) {
             continue;
         }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use stagedoor_jobs::BrokerError;
 
 use crate::dialect::Dialect;
-use crate::route::run_in;
+use crate::exec::run_in;
 use crate::rows::Vals;
 use crate::sql::Statements;
 

@@ -45,7 +45,7 @@ pub(crate) const SLACK: chrono::Duration = chrono::Duration::milliseconds(250);
 /// retried at `now` (`now - BACKDATE`). A row due at `now` exactly (a delayed job whose time
 /// came) never lifts the floor above the jobs being published.
 fn highest(now: DateTime<Utc>) -> DateTime<Utc> {
-    now - crate::route::BACKDATE - SLACK
+    now - crate::due::BACKDATE - SLACK
 }
 
 /// The longest a row below the floor waits for a full claim, when full claims are fast.
@@ -168,7 +168,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_empty_full_claim_starts_the_floor_below_what_is_published_now() {
         let f = Floors::default();
-        let fresh = t(20) - crate::route::BACKDATE;
+        let fresh = t(20) - crate::due::BACKDATE;
         f.after_full("q", None, t(20), Duration::ZERO);
         assert_eq!(f.plan("q"), Plan::From(fresh - SLACK));
         // A row due in the future (a delayed job) returned by a later full claim never lifts
@@ -197,7 +197,7 @@ mod tests {
         f.after_bounded("q", Some(t(30)), t(30));
         assert_eq!(
             f.plan("q"),
-            Plan::From(t(30) - crate::route::BACKDATE - SLACK)
+            Plan::From(t(30) - crate::due::BACKDATE - SLACK)
         );
         f.reset("q");
         assert_eq!(f.plan("q"), Plan::Full);

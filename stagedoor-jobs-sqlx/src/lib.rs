@@ -315,6 +315,8 @@ mod catalog;
 mod columns;
 mod dead_move;
 mod dialect;
+mod due;
+mod exec;
 mod floor;
 mod headers;
 mod locks;

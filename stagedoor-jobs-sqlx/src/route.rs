@@ -35,10 +35,11 @@ use crate::batch::SettleReq;
 use crate::broker::SqlxBroker;
 use crate::dialect::sealed::Value;
 use crate::dialect::{Dialect, acquire, db_err};
+pub(crate) use crate::exec::{fetch_in, run_in};
 use crate::floor::Floors;
 use crate::headers::HeaderDoc;
 use crate::receipt::SqlReceipt;
-use crate::rows::{RowRead, Vals, attempt_number, params, read, time_at};
+use crate::rows::{RowRead, Vals, attempt_number, read, time_at};
 use crate::sql::{Flavor, Statements, Stmt, validate};
 
 mod activity;
@@ -403,30 +404,6 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     }
 }
 
-/// Runs `stmt` on `conn` (a pooled connection or a transaction); the rows it changed.
-pub(crate) async fn run_in<DB: Dialect>(
-    conn: &mut DB::Connection,
-    stmt: &Stmt,
-    v: &Vals,
-    table: &Table,
-) -> Result<u64, BrokerError> {
-    DB::run(conn, stmt.sql.clone(), params(stmt, v, table))
-        .await
-        .map_err(db_err)
-}
-
-/// Runs `stmt` on `conn`; the rows it returned, as the driver gives them.
-pub(crate) async fn fetch_in<DB: Dialect>(
-    conn: &mut DB::Connection,
-    stmt: &Stmt,
-    v: &Vals,
-    table: &Table,
-) -> Result<Vec<DB::Row>, BrokerError> {
-    DB::fetch(conn, stmt.sql.clone(), params(stmt, v, table))
-        .await
-        .map_err(db_err)
-}
-
 /// Moving jobs: each method is in the file of its step (see the module's documentation).
 /// Every answer passes `SqlxBroker::noted`, which remembers connection errors (the outage
 /// rule of the claim).
@@ -529,8 +506,3 @@ impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
 /// How close to now a due time counts as now in queue stats: rows published by other tasks
 /// carry their publisher's "now", a few microseconds off this one's.
 const STATS_TOLERANCE: chrono::Duration = chrono::Duration::milliseconds(10);
-
-/// A row due "now" (a publish without a delay, a retry at once) is written as due a second
-/// earlier: another worker's clock, or a stats query that read its time just before the row
-/// was committed, never sees it as delayed. Rows due now keep their order among themselves.
-pub(crate) const BACKDATE: chrono::Duration = chrono::Duration::seconds(1);

@@ -4,10 +4,10 @@
 //! What only the type checker can judge (can this field's type hold its role; is an `id` of a
 //! type alias an integer) is left to the expansion, spanned on the field's type.
 
-use syn::{GenericParam, Type};
+use syn::{GenericParam, Ident, Type};
 
 use super::attr::TABLE_ATTR_HELP;
-use super::model::{Row, Shape};
+use super::model::{Field, Row, Shape};
 use super::role::Role;
 use crate::ctxt::{Ctxt, display};
 
@@ -144,70 +144,11 @@ fn check_fields(cx: &Ctxt, row: &Row<'_>) {
             );
         }
         let Some((role, role_ident)) = field.role() else {
-            if let Some(g) = &field.attrs.generated {
-                cx.error_spanned_by(
-                    g,
-                    "`generated` qualifies a role: `#[field(id, generated)]` or \
-                     `#[field(attempt, generated)]`",
-                );
-            }
-            if let Some(f) = &field.attrs.fifo {
-                cx.error_spanned_by(f, "`fifo` qualifies the group: `#[field(group, fifo)]`");
-            }
+            check_qualifiers_without_role(cx, field);
             continue;
         };
-        for (extra, extra_ident) in &field.attrs.roles[1..] {
-            cx.error_spanned_by(
-                extra_ident,
-                format!(
-                    "a column plays one role: `{}` is the `{}` already; remove `{}` or give it to \
-                     another field",
-                    field.column,
-                    role.name(),
-                    extra.name()
-                ),
-            );
-        }
-        // The first field to claim a role has it; a later one is the error.
-        if let Some(first) = row.fields()[..i]
-            .iter()
-            .find(|f| f.role().is_some_and(|(r, _)| r == role))
-        {
-            cx.error_spanned_by(
-                role_ident,
-                format!(
-                    "the field `{first}` has the role `{r}` already (a table has one `{r}` \
-                     column): remove the role from `{this}` or from `{first}`",
-                    r = role.name(),
-                    first = first.column,
-                    this = field.column,
-                ),
-            );
-        }
-        if let Some(g) = &field.attrs.generated
-            && !role.may_be_generated()
-        {
-            cx.error_spanned_by(
-                g,
-                format!(
-                    "`generated` is for `id` and `attempt`, the columns the database may fill on \
-                     insert; stagedoor-jobs writes the `{}`: remove `generated`",
-                    role.name()
-                ),
-            );
-        }
-        if let Some(f) = &field.attrs.fifo
-            && role != Role::Group
-        {
-            cx.error_spanned_by(
-                f,
-                format!(
-                    "`fifo` qualifies the group (its rows are worked one at a time, in order), \
-                     not the `{}`: write `#[field(group, fifo)]` on the group field",
-                    role.name()
-                ),
-            );
-        }
+        check_one_role(cx, row, i, field, role, role_ident);
+        check_qualifiers(cx, field, role);
         if role == Role::Id && !field.generated() && is_integer(field.ty) {
             cx.error_spanned_by(
                 role_ident,
@@ -219,6 +160,89 @@ fn check_fields(cx: &Ctxt, row: &Row<'_>) {
                 ),
             );
         }
+    }
+}
+
+/// A field without a role takes no `generated` and no `fifo`.
+fn check_qualifiers_without_role(cx: &Ctxt, field: &Field<'_>) {
+    if let Some(g) = &field.attrs.generated {
+        cx.error_spanned_by(
+            g,
+            "`generated` qualifies a role: `#[field(id, generated)]` or \
+             `#[field(attempt, generated)]`",
+        );
+    }
+    if let Some(f) = &field.attrs.fifo {
+        cx.error_spanned_by(f, "`fifo` qualifies the group: `#[field(group, fifo)]`");
+    }
+}
+
+/// The `i`-th field plays one role, and no field before it plays that role.
+fn check_one_role(
+    cx: &Ctxt,
+    row: &Row<'_>,
+    i: usize,
+    field: &Field<'_>,
+    role: Role,
+    role_ident: &Ident,
+) {
+    for (extra, extra_ident) in field.attrs.roles.iter().skip(1) {
+        cx.error_spanned_by(
+            extra_ident,
+            format!(
+                "a column plays one role: `{}` is the `{}` already; remove `{}` or give it to \
+                 another field",
+                field.column,
+                role.name(),
+                extra.name()
+            ),
+        );
+    }
+    // The first field to claim a role has it; a later one is the error.
+    if let Some(first) = row
+        .fields()
+        .iter()
+        .take(i)
+        .find(|f| f.role().is_some_and(|(r, _)| r == role))
+    {
+        cx.error_spanned_by(
+            role_ident,
+            format!(
+                "the field `{first}` has the role `{r}` already (a table has one `{r}` \
+                 column): remove the role from `{this}` or from `{first}`",
+                r = role.name(),
+                first = first.column,
+                this = field.column,
+            ),
+        );
+    }
+}
+
+/// `generated` and `fifo` qualify only the roles they fit.
+fn check_qualifiers(cx: &Ctxt, field: &Field<'_>, role: Role) {
+    if let Some(g) = &field.attrs.generated
+        && !role.may_be_generated()
+    {
+        cx.error_spanned_by(
+            g,
+            format!(
+                "`generated` is for `id` and `attempt`, the columns the database may fill on \
+                 insert; stagedoor-jobs writes the `{}`: remove `generated`",
+                role.name()
+            ),
+        );
+    }
+    if let Some(f) = &field.attrs.fifo
+        && role != Role::Group
+    {
+        cx.error_spanned_by(
+            f,
+            format!(
+                "`fifo` qualifies the group (its rows are worked one at a time, in order), \
+                 not the `{}`: write `#[field(group, fifo)]` on the group field",
+                role.name()
+            ),
+        );
     }
 }
 
@@ -281,297 +305,4 @@ fn is_integer(ty: &Type) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use syn::{DeriveInput, parse_quote};
-
-    fn errors(input: DeriveInput) -> Vec<String> {
-        let cx = Ctxt::new();
-        let row = Row::from_ast(&cx, &input);
-        check(&cx, &row);
-        match cx.check() {
-            Ok(()) => Vec::new(),
-            Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
-        }
-    }
-
-    fn one_error(input: DeriveInput, needle: &str) {
-        let errs = errors(input);
-        assert_eq!(errs.len(), 1, "{errs:?}");
-        assert!(
-            errs[0].contains(needle),
-            "{:?} does not contain {needle:?}",
-            errs[0]
-        );
-    }
-
-    #[test]
-    fn identifiers_as_the_core_judges_them() {
-        for ok in ["mail_jobs", "_x", "T1", "a".repeat(63).as_str()] {
-            assert!(is_plain_identifier(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "1x",
-            "mail-jobs",
-            "a b",
-            "x\"; DROP TABLE y; --",
-            "é",
-            "a".repeat(64).as_str(),
-        ] {
-            assert!(!is_plain_identifier(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn the_seed_row_passes() {
-        let errs = errors(parse_quote! {
-            #[derive(Debug)]
-            #[inbox(table = "mail_jobs")]
-            pub struct SendMail {
-                #[field(id, generated)] id: i64,
-                #[field(group, fifo)] name: String,
-                #[field(attempt, generated)] attempt: i16,
-                #[field(retry_after)] retry_after: DateTime<Utc>,
-                #[field(locked_until)] locked_until: Option<DateTime<Utc>>,
-                #[field(payload)] payload: Vec<u8>,
-                #[field(enqueued_at)] enqueued_at: DateTime<Utc>,
-                #[field(last_error)] last_error: Option<String>,
-                #[field(headers)] headers: String,
-                r#type: String,
-            }
-        });
-        assert!(errs.is_empty(), "{errs:?}");
-    }
-
-    #[test]
-    fn the_minimum_passes() {
-        let errs = errors(parse_quote! {
-            #[inbox(table = "t", schema = "s")]
-            struct Row {
-                #[field(id)] id: String,
-                #[field(locked_until)] l: Option<DateTime<Utc>>,
-                #[field(payload)] p: String,
-            }
-        });
-        assert!(errs.is_empty(), "{errs:?}");
-    }
-
-    #[test]
-    fn one_error_per_misuse() {
-        one_error(
-            parse_quote! {
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "`R` needs its table: add `#[inbox(table = \"mail_jobs\")]`",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(schema = "s")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "`#[inbox(..)]` names the table",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "`R` has no `id` column",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L }
-            },
-            "`R` has no `payload` column",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(payload)] p: P }
-            },
-            "`R` has no `locked_until` column, the lease that claims need: add",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "mail jobs")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "\"mail jobs\" is not a plain SQL identifier: a table name is",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t", schema = "x; DROP TABLE y")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "a schema name is",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P, café: String }
-            },
-            "the column `café` is not a plain SQL identifier",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P, #[field(payload)] q: P }
-            },
-            "the field `p` has the role `payload` already",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated, payload)] id: i64, #[field(locked_until)] l: L }
-            },
-            "a column plays one role: `id` is the `id` already; remove `payload`",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload, generated)] p: P }
-            },
-            "stagedoor-jobs writes the `payload`: remove `generated`",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P, #[field(generated)] x: i32 }
-            },
-            "`generated` qualifies a role",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until, fifo)] l: L, #[field(payload)] p: P }
-            },
-            "not the `locked_until`: write `#[field(group, fifo)]`",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P, #[field(fifo)] g: String }
-            },
-            "`fifo` qualifies the group",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "an integer `id` is filled by the database: write `#[field(id, generated)]`",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R<T> { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: T }
-            },
-            "cannot be generic",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R<'a> { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: &'a str }
-            },
-            "owns its data",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R where i64: Copy { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "no `where` clause",
-        );
-    }
-
-    #[test]
-    fn shapes() {
-        one_error(
-            parse_quote! { #[inbox(table = "t")] struct R(i64, Vec<u8>); },
-            "has named fields",
-        );
-        one_error(
-            parse_quote! { #[inbox(table = "t")] struct R; },
-            "`R` has no columns",
-        );
-        one_error(
-            parse_quote! { #[inbox(table = "t")] enum R { A { id: i64 } } },
-            "an enum cannot be",
-        );
-        one_error(
-            parse_quote! { #[inbox(table = "t")] union R { a: i64 } },
-            "a union cannot be",
-        );
-    }
-
-    #[test]
-    fn every_problem_is_reported_at_once() {
-        let errs = errors(parse_quote! {
-            #[inbox(table = "1t", colour = "red")]
-            struct R {
-                #[field(attempt, generated)] a: i16,
-                #[field(attempt)] b: i16,
-                #[field(payload, fifo)] p: Vec<u8>,
-                #[field(id)] id: u64,
-            }
-        });
-        assert_eq!(errs.len(), 6, "{errs:?}");
-        assert!(errs[0].contains("unknown key `colour`"));
-        assert!(errs[1].contains("\"1t\" is not a plain SQL identifier"));
-        assert!(errs[2].contains("the field `a` has the role `attempt` already"));
-        assert!(errs[3].contains("`fifo` qualifies the group"));
-        assert!(errs[4].contains("an integer `id` is filled by the database"));
-        assert!(errs[5].contains("`R` has no `locked_until` column"));
-    }
-
-    #[test]
-    fn a_rejected_argument_may_be_the_missing_role() {
-        // `paylod` was meant as `payload`: no "no `payload` column" on top of it.
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(paylod)] p: P }
-            },
-            "unknown role `paylod` (did you mean `payload`?)",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox(table = "t")]
-                struct R { #[field(id generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "expected `,`; `#[field(..)]` names the field's role",
-        );
-        // And a rejected key may be the missing table.
-        one_error(
-            parse_quote! {
-                #[inbox(tabel = "t")]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "unknown key `tabel` (did you mean `table`?)",
-        );
-        one_error(
-            parse_quote! {
-                #[inbox]
-                struct R { #[field(id, generated)] id: i64, #[field(locked_until)] l: L, #[field(payload)] p: P }
-            },
-            "`#[inbox(..)]` names the table",
-        );
-    }
-
-    #[test]
-    fn integers_as_written() {
-        for ty in [parse_quote!(i64), parse_quote!(u8), parse_quote!((i32))] {
-            assert!(is_integer(&ty));
-        }
-        for ty in [
-            parse_quote!(String),
-            parse_quote!(Id),
-            parse_quote!(std::primitive::i64),
-            parse_quote!(Option<i64>),
-        ] {
-            assert!(!is_integer(&ty));
-        }
-    }
-}
+mod tests;

@@ -67,45 +67,7 @@ pub(crate) fn expand(row: &Row<'_>) -> TokenStream {
     let mut roles = Vec::new();
     for role in Role::ALL {
         let slot = format_ident!("{}", role.name());
-        let value = match row.field_of(role) {
-            None => {
-                assert!(role.optional(), "checked: the `{}` is given", role.name());
-                quote!(::core::option::Option::None)
-            }
-            Some(field) => {
-                let ty = field.ty;
-                let column = LitStr::new(&field.column, field.ident.span());
-                let generated = field.generated();
-                let type_trait = Ident::new(role.type_trait(), Span::call_site());
-                let column_type =
-                    quote_spanned!(ty.span()=> <#ty as #private::roles::#type_trait>::TYPE);
-                if role == Role::Id && !generated {
-                    // A free constant is evaluated when the crate compiles, read or not; this
-                    // one is read by nobody, so that its failure is the only error.
-                    items.push(quote_spanned! {ty.span()=>
-                        const _: () = match #column_type {
-                            #private::ColumnType::Integer => ::core::panic!(
-                                "an integer `id` is filled by the database: write \
-                                 `#[field(id, generated)]`; an `id` the publisher mints is a `String`"
-                            ),
-                            _ => {}
-                        };
-                    });
-                }
-                let column = quote! {
-                    #private::Column {
-                        name: #column,
-                        generated: #generated,
-                        ty: #column_type,
-                    }
-                };
-                if role.optional() {
-                    quote!(::core::option::Option::Some(#column))
-                } else {
-                    column
-                }
-            }
-        };
+        let value = role_value(&private, row, role, &mut items);
         roles.push(quote!(#slot: #value,));
     }
     let fifo = row
@@ -130,6 +92,56 @@ pub(crate) fn expand(row: &Row<'_>) -> TokenStream {
                     columns: &[#(#columns),*],
                 };
             }
+        };
+    }
+}
+
+/// The value of `role`'s slot in the table: its column, or `None` for an optional role no
+/// field plays. An `id` that is not `generated` also pushes its type's check to `items`.
+fn role_value(
+    private: &TokenStream,
+    row: &Row<'_>,
+    role: Role,
+    items: &mut Vec<TokenStream>,
+) -> TokenStream {
+    let Some(field) = row.field_of(role) else {
+        assert!(role.optional(), "checked: the `{}` is given", role.name());
+        return quote!(::core::option::Option::None);
+    };
+    let ty = field.ty;
+    let column = LitStr::new(&field.column, field.ident.span());
+    let generated = field.generated();
+    let type_trait = Ident::new(role.type_trait(), Span::call_site());
+    let column_type = quote_spanned!(ty.span()=> <#ty as #private::roles::#type_trait>::TYPE);
+    if role == Role::Id && !generated {
+        items.push(id_not_integer(private, ty, &column_type));
+    }
+    let column = quote! {
+        #private::Column {
+            name: #column,
+            generated: #generated,
+            ty: #column_type,
+        }
+    };
+    if role.optional() {
+        quote!(::core::option::Option::Some(#column))
+    } else {
+        column
+    }
+}
+
+/// The check that an `id` the publisher mints is not an integer (through a type alias, which
+/// the checks cannot see).
+fn id_not_integer(private: &TokenStream, ty: &syn::Type, column_type: &TokenStream) -> TokenStream {
+    // A free constant is evaluated when the crate compiles, read or not; this one is read by
+    // nobody, so that its failure is the only error.
+    quote_spanned! {ty.span()=>
+        const _: () = match #column_type {
+            #private::ColumnType::Integer => ::core::panic!(
+                "an integer `id` is filled by the database: write \
+                 `#[field(id, generated)]`; an `id` the publisher mints is a `String`"
+            ),
+            _ => {}
         };
     }
 }

@@ -282,7 +282,7 @@ mod tests {
     }
 
     #[test]
-    fn one_error_per_misuse() {
+    fn one_error_per_misuse_of_the_qualifiers_and_receiver() {
         one_error(
             parse_quote!(
                 fn send(m: &Mail) -> R {}
@@ -319,6 +319,10 @@ mod tests {
             ),
             "not a method",
         );
+    }
+
+    #[test]
+    fn one_error_per_misuse_of_the_message() {
         one_error(
             parse_quote!(
                 async fn send() -> R {}
@@ -349,6 +353,10 @@ mod tests {
             ),
             "extractors such as `Ctx<keys::Attempt>` come after it",
         );
+    }
+
+    #[test]
+    fn one_error_per_misuse_of_the_arguments_and_result() {
         one_error(
             parse_quote!(
                 async fn send(m: &Mail, o: &Other) -> R {}
@@ -385,6 +393,10 @@ mod tests {
             ),
             "not `impl ..`",
         );
+    }
+
+    #[test]
+    fn one_error_per_misuse_of_generics() {
         one_error(
             parse_quote!(
                 async fn send<T>(m: &T) -> R {}

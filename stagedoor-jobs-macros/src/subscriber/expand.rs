@@ -65,7 +65,7 @@ use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
-use syn::{Ident, Lifetime, LitStr, Type, TypeBareFn, TypeReference};
+use syn::{Attribute, Ident, Lifetime, LitStr, Type, TypeBareFn, TypeReference};
 
 use super::model::Handler;
 use super::queue::Queue;
@@ -79,19 +79,7 @@ pub(crate) fn expand(h: &Handler<'_>) -> TokenStream {
     let vis = &item.vis;
     let ident = &item.sig.ident;
     let private = quote!(::stagedoor_jobs::__private);
-
-    let mut docs = Vec::new();
-    let mut cfgs = Vec::new();
-    let mut others = Vec::new();
-    for attr in &item.attrs {
-        if attr.path().is_ident("doc") {
-            docs.push(attr);
-        } else if attr.path().is_ident("cfg") {
-            cfgs.push(attr);
-        } else {
-            others.push(attr);
-        }
-    }
+    let (docs, cfgs, others) = split_attrs(&item.attrs);
 
     let mut sig = item.sig.clone();
     sig.ident = Ident::new("call", ident.span());
@@ -116,36 +104,7 @@ pub(crate) fn expand(h: &Handler<'_>) -> TokenStream {
         .unwrap_or_else(|| LitStr::new(&ident.unraw().to_string(), ident.span()));
     let kind = h.attrs.kind.as_ref().map(|k| quote!(.kind(#k)));
 
-    // The assertions, spanned on the user's tokens so that their errors land there, and the
-    // same facts as `where` clauses of the impl that builds the subscriber.
-    let mut asserts = Vec::new();
-    let mut bounds = Vec::new();
-    let binder = Lifetime::new(BINDER, Span::call_site());
-    asserts.push(quote_spanned! {message.span()=>
-        const _: () = #private::assert_message::<#message>();
-    });
-    let m = for_bound(message);
-    bounds.push(quote!(for<#binder> #m: #private::Message));
-    for ty in &extractors {
-        asserts.push(quote_spanned! {ty.span()=>
-            const _: () = #private::assert_extractor::<#ty>();
-        });
-        let t = for_bound(ty);
-        bounds.push(quote!(for<#binder> #t: #private::FromJob));
-    }
-    asserts.push(quote_spanned! {output.span()=>
-        const _: () = #private::assert_outcome::<#output>();
-    });
-    let r = for_bound(output);
-    bounds.push(quote!(for<#binder> #r: #private::IntoOutcome));
-    let mut queue_bound = None;
-    if let Queue::Descriptor { expr, .. } = queue {
-        asserts.push(quote_spanned! {expr.span()=>
-            const _: () = #private::assert_queue::<#queue_ty>();
-        });
-        queue_bound = Some(quote!(where for<#binder> #queue_ty: #private::Queue));
-        bounds.push(quote!(for<#binder> #queue_ty: #private::Queue));
-    }
+    let facts = Facts::of(&private, message, &extractors, output, queue, &queue_ty);
 
     // Spanned on the function's name: an error about the handler as a whole (a future that is
     // not `Send`) points there.
@@ -154,7 +113,8 @@ pub(crate) fn expand(h: &Handler<'_>) -> TokenStream {
             #queue_expr, #ident::call
         )
     };
-    let subscriber = quote!(#private::Subscriber<#queue_ty>);
+    let build = quote!(#build .name(#name) #kind);
+    let registration = registration(&private, ident, &queue_ty, &facts, &build);
 
     quote! {
         #(#cfgs)*
@@ -172,6 +132,99 @@ pub(crate) fn expand(h: &Handler<'_>) -> TokenStream {
         }
 
         #(#cfgs)*
+        #registration
+    }
+}
+
+/// The function's attributes: its docs, its `cfg`s, and the others.
+fn split_attrs(attrs: &[Attribute]) -> (Vec<&Attribute>, Vec<&Attribute>, Vec<&Attribute>) {
+    let mut docs = Vec::new();
+    let mut cfgs = Vec::new();
+    let mut others = Vec::new();
+    for attr in attrs {
+        if attr.path().is_ident("doc") {
+            docs.push(attr);
+        } else if attr.path().is_ident("cfg") {
+            cfgs.push(attr);
+        } else {
+            others.push(attr);
+        }
+    }
+    (docs, cfgs, others)
+}
+
+/// The assertions, spanned on the user's tokens so that their errors land there, and the
+/// same facts as `where` clauses of the impl that builds the subscriber.
+struct Facts {
+    /// One `const _` per type: the message, each extractor, the result, a descriptor queue.
+    asserts: Vec<TokenStream>,
+    /// The same facts under the `for<..>` binder.
+    bounds: Vec<TokenStream>,
+    /// A descriptor queue's `where` clause on the `IntoSubscriber` impl.
+    queue_bound: Option<TokenStream>,
+}
+
+impl Facts {
+    fn of(
+        private: &TokenStream,
+        message: &Type,
+        extractors: &[&Type],
+        output: &Type,
+        queue: &Queue,
+        queue_ty: &TokenStream,
+    ) -> Self {
+        let mut asserts = Vec::new();
+        let mut bounds = Vec::new();
+        let binder = Lifetime::new(BINDER, Span::call_site());
+        asserts.push(quote_spanned! {message.span()=>
+            const _: () = #private::assert_message::<#message>();
+        });
+        let m = for_bound(message);
+        bounds.push(quote!(for<#binder> #m: #private::Message));
+        for ty in extractors {
+            asserts.push(quote_spanned! {ty.span()=>
+                const _: () = #private::assert_extractor::<#ty>();
+            });
+            let t = for_bound(ty);
+            bounds.push(quote!(for<#binder> #t: #private::FromJob));
+        }
+        asserts.push(quote_spanned! {output.span()=>
+            const _: () = #private::assert_outcome::<#output>();
+        });
+        let r = for_bound(output);
+        bounds.push(quote!(for<#binder> #r: #private::IntoOutcome));
+        let mut queue_bound = None;
+        if let Queue::Descriptor { expr, .. } = queue {
+            asserts.push(quote_spanned! {expr.span()=>
+                const _: () = #private::assert_queue::<#queue_ty>();
+            });
+            queue_bound = Some(quote!(where for<#binder> #queue_ty: #private::Queue));
+            bounds.push(quote!(for<#binder> #queue_ty: #private::Queue));
+        }
+        Facts {
+            asserts,
+            bounds,
+            queue_bound,
+        }
+    }
+}
+
+/// The `const _` block: the assertions, and `IntoSubscriber` by autoref specialization over
+/// the impl that calls `build` (see the module's docs).
+fn registration(
+    private: &TokenStream,
+    ident: &Ident,
+    queue_ty: &TokenStream,
+    facts: &Facts,
+    build: &TokenStream,
+) -> TokenStream {
+    let subscriber = quote!(#private::Subscriber<#queue_ty>);
+    let Facts {
+        asserts,
+        bounds,
+        queue_bound,
+    } = facts;
+    quote! {
         const _: () = {
             #(#asserts)*
 
@@ -184,8 +237,6 @@ pub(crate) fn expand(h: &Handler<'_>) -> TokenStream {
             {
                 fn __stagedoor_build(&self) -> #subscriber {
                     #build
-                    .name(#name)
-                    #kind
                 }
             }
 
@@ -247,7 +298,7 @@ mod tests {
     use crate::ctxt::{Ctxt, display};
     use crate::subscriber::attr;
     use quote::ToTokens;
-    use syn::{Attribute, File, Item, ItemFn, parse_quote};
+    use syn::{File, Item, ItemFn, parse_quote};
 
     /// The tokens without any whitespace, to look for needles written without any.
     fn compact<T: ToTokens>(tokens: T) -> String {

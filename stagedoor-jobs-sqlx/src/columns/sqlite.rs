@@ -68,52 +68,12 @@ pub(super) fn problem(r: &Role, f: &Found, layout: &Layout) -> Option<String> {
         rust(r),
         affinity.name()
     );
-    let recreate = |decl: &str| {
-        format!(
-            "SQLite cannot change a column's type: recreate the table with `{} {decl}`",
-            f.name
-        )
-    };
+    let recreate = |decl: &str| recreate(f, decl);
     match r.column.ty {
         ColumnType::Integer if r.role == "id" && r.column.generated => {
-            if affinity == Affinity::Text || affinity == Affinity::Real {
-                return Some(format!(
-                    "{head}, expected `INTEGER PRIMARY KEY` (the row id, filled on insert): the id is read back as an integer; {}, or declare the field `#[field(id)] id: String` (an id the publisher mints)",
-                    recreate("INTEGER PRIMARY KEY")
-                ));
-            }
-            if !is_rowid(f, layout) && !f.has_default {
-                return Some(format!(
-                    "{head}, expected `INTEGER PRIMARY KEY`: the field is `generated`, but SQLite fills only a column declared exactly `INTEGER PRIMARY KEY` (the row id; `INT` or `BIGINT PRIMARY KEY` is not one), and this one has no default, so every published row would get no id; {}",
-                    recreate("INTEGER PRIMARY KEY")
-                ));
-            }
+            return generated_id(f, layout, &head, affinity);
         }
-        ColumnType::Integer => {
-            if affinity == Affinity::Text {
-                let (what, decl) = if r.role == "priority" {
-                    (
-                        "the claim would order the levels as text ('-1' > '-2' > '0')",
-                        "SMALLINT NOT NULL DEFAULT 0",
-                    )
-                } else {
-                    (
-                        "the attempt counter would misorder",
-                        "INTEGER NOT NULL DEFAULT 1",
-                    )
-                };
-                return Some(format!(
-                    "{head}, expected `INTEGER`: SQLite compares the values of a TEXT column as text ('10' < '9'), so {what}; {}",
-                    recreate(decl)
-                ));
-            }
-            if r.column.generated && !f.has_default {
-                return Some(format!(
-                    "{head} without a default, but the field is `generated`: a publish leaves it out and the database must fill it; {}",
-                    recreate("INTEGER NOT NULL DEFAULT 1")
-                ));
-            }
-        }
+        ColumnType::Integer => return integer(r, f, &head, affinity),
         ColumnType::Text => {
             if !matches!(affinity, Affinity::Text | Affinity::Blob) {
                 return Some(format!(
@@ -151,6 +111,62 @@ pub(super) fn problem(r: &Role, f: &Found, layout: &Layout) -> Option<String> {
                 ));
             }
         }
+    }
+    None
+}
+
+/// The fix of a column whose type SQLite cannot change.
+fn recreate(f: &Found, decl: &str) -> String {
+    format!(
+        "SQLite cannot change a column's type: recreate the table with `{} {decl}`",
+        f.name
+    )
+}
+
+/// A `generated` id: the row id (or a column with a default), read back as an integer.
+fn generated_id(f: &Found, layout: &Layout, head: &str, affinity: Affinity) -> Option<String> {
+    let recreate = |decl: &str| recreate(f, decl);
+    if affinity == Affinity::Text || affinity == Affinity::Real {
+        return Some(format!(
+            "{head}, expected `INTEGER PRIMARY KEY` (the row id, filled on insert): the id is read back as an integer; {}, or declare the field `#[field(id)] id: String` (an id the publisher mints)",
+            recreate("INTEGER PRIMARY KEY")
+        ));
+    }
+    if !is_rowid(f, layout) && !f.has_default {
+        return Some(format!(
+            "{head}, expected `INTEGER PRIMARY KEY`: the field is `generated`, but SQLite fills only a column declared exactly `INTEGER PRIMARY KEY` (the row id; `INT` or `BIGINT PRIMARY KEY` is not one), and this one has no default, so every published row would get no id; {}",
+            recreate("INTEGER PRIMARY KEY")
+        ));
+    }
+    None
+}
+
+/// Another integer role (`attempt`, `priority`): compared as integers, filled by the
+/// database when `generated`.
+fn integer(r: &Role, f: &Found, head: &str, affinity: Affinity) -> Option<String> {
+    let recreate = |decl: &str| recreate(f, decl);
+    if affinity == Affinity::Text {
+        let (what, decl) = if r.role == "priority" {
+            (
+                "the claim would order the levels as text ('-1' > '-2' > '0')",
+                "SMALLINT NOT NULL DEFAULT 0",
+            )
+        } else {
+            (
+                "the attempt counter would misorder",
+                "INTEGER NOT NULL DEFAULT 1",
+            )
+        };
+        return Some(format!(
+            "{head}, expected `INTEGER`: SQLite compares the values of a TEXT column as text ('10' < '9'), so {what}; {}",
+            recreate(decl)
+        ));
+    }
+    if r.column.generated && !f.has_default {
+        return Some(format!(
+            "{head} without a default, but the field is `generated`: a publish leaves it out and the database must fill it; {}",
+            recreate("INTEGER NOT NULL DEFAULT 1")
+        ));
     }
     None
 }

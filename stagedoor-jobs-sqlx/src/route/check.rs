@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use stagedoor_jobs::Inbox;
 use stagedoor_jobs::broker::{MountInfo, Problem};
-use stagedoor_jobs::inbox::ColumnType;
+use stagedoor_jobs::inbox::{ColumnType, Table};
 
 use stagedoor_jobs::BrokerError;
 use stagedoor_jobs::kit::lock;
@@ -216,9 +216,6 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     ) -> Result<Vec<Problem>, BrokerError> {
         let table = self.table();
         let mut conn = acquire(pool).await?;
-        let text = |row: &DB::Row, i: usize| -> Result<String, BrokerError> {
-            Ok(DB::text(row, i).map_err(db_err)?.unwrap_or_default())
-        };
         let who = DB::fetch(
             &mut conn,
             "SELECT CAST(current_user AS TEXT), CAST(current_schema() AS TEXT), CAST(COALESCE(has_schema_privilege(current_schema(), 'CREATE'), false) AS TEXT)".to_owned(),
@@ -229,11 +226,14 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         let Some(row) = who.first() else {
             return Ok(Vec::new());
         };
-        let (role, schema, can_create) = (text(row, 0)?, text(row, 1)?, text(row, 2)? == "true");
-        let role_q = format!("\"{}\"", role.replace('"', "\"\""));
-        let grant = |missing: &[&str], on: &str| {
-            format!("GRANT {} ON {on} TO {role_q}", missing.join(", "))
+        let role = text::<DB>(row, 0)?;
+        let who = Who {
+            role_q: format!("\"{}\"", role.replace('"', "\"\"")),
+            role,
+            schema: text::<DB>(row, 1)?,
+            can_create: text::<DB>(row, 2)? == "true",
         };
+        let role = &who.role;
         let mut problems = Vec::new();
 
         let mut job_tables = vec![(table.qualified(), table.name.to_owned(), "the job table")];
@@ -251,57 +251,14 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                     message: format!(
                         "role `{role}` lacks {} on {what} `{name}`, which every worker needs (claims update and delete its rows, publishes insert them): run `{}`",
                         missing.join(", "),
-                        grant(&["SELECT", "INSERT", "UPDATE", "DELETE"], &qualified)
+                        who.grant_all(&qualified)
                     ),
                 }),
                 _ => {}
             }
         }
-        // A generated id numbered by a sequence: publishing takes a number from it.
-        if table.id.generated {
-            let rows = DB::fetch(
-                &mut conn,
-                "SELECT pg_get_serial_sequence($1, $2), CAST(has_sequence_privilege(pg_get_serial_sequence($1, $2), 'USAGE') AS TEXT) WHERE to_regclass($1) IS NOT NULL AND pg_get_serial_sequence($1, $2) IS NOT NULL".to_owned(),
-                vec![
-                    Value::Text(Some(table.qualified())),
-                    Value::Text(Some(table.id.name.to_owned())),
-                ],
-            )
-            .await
-            .map_err(db_err)?;
-            if let Some(row) = rows.first()
-                && text(row, 1)? != "true"
-            {
-                let seq = text(row, 0)?;
-                problems.push(Problem {
-                    mount: format!("table `{}`", table.name),
-                    message: format!(
-                        "role `{role}` cannot take numbers from `{seq}`, the sequence of the id of `{}`, which publishing needs: run `GRANT USAGE ON SEQUENCE {seq} TO {role_q}`",
-                        table.name
-                    ),
-                });
-            }
-        }
-        for (name, what, ddl) in BOOKKEEPING {
-            match lacking::<DB>(&mut conn, name.to_owned()).await? {
-                None if !can_create => problems.push(Problem {
-                    mount: "*".to_owned(),
-                    message: format!(
-                        "the bookkeeping table `{name}` ({what}) does not exist, and role `{role}` may not create it (no CREATE on schema `{schema}`): as the schema's owner run `{ddl}` and `{}`, or run `GRANT CREATE ON SCHEMA \"{schema}\" TO {role_q}` (the README's \"Database privileges\" lists every table)",
-                        grant(&["SELECT", "INSERT", "UPDATE", "DELETE"], name)
-                    ),
-                }),
-                Some(missing) if !missing.is_empty() => problems.push(Problem {
-                    mount: "*".to_owned(),
-                    message: format!(
-                        "role `{role}` lacks {} on the bookkeeping table `{name}` ({what}): run `{}`",
-                        missing.join(", "),
-                        grant(&["SELECT", "INSERT", "UPDATE", "DELETE"], name)
-                    ),
-                }),
-                _ => {}
-            }
-        }
+        problems.extend(sequence_problem::<DB>(&mut conn, table, &who).await?);
+        problems.extend(bookkeeping_problems::<DB>(&mut conn, &who).await?);
         Ok(problems)
     }
 
@@ -349,4 +306,96 @@ async fn lacking<DB: Dialect>(
         }
     }
     Ok(Some(missing))
+}
+
+/// The connected role, as the privilege check names it.
+struct Who {
+    role: String,
+    /// The role quoted, for a `GRANT`.
+    role_q: String,
+    /// Its current schema.
+    schema: String,
+    /// Whether it may create tables in that schema.
+    can_create: bool,
+}
+
+impl Who {
+    /// The `GRANT` of what every job and bookkeeping table needs on `on`.
+    fn grant_all(&self, on: &str) -> String {
+        let missing = ["SELECT", "INSERT", "UPDATE", "DELETE"];
+        format!("GRANT {} ON {on} TO {}", missing.join(", "), self.role_q)
+    }
+}
+
+/// Column `i` of `row` as text (empty for NULL).
+fn text<DB: Dialect>(row: &DB::Row, i: usize) -> Result<String, BrokerError> {
+    Ok(DB::text(row, i).map_err(db_err)?.unwrap_or_default())
+}
+
+/// A generated id numbered by a sequence: publishing takes a number from it, which the role
+/// must be allowed.
+async fn sequence_problem<DB: Dialect>(
+    conn: &mut DB::Connection,
+    table: &Table,
+    who: &Who,
+) -> Result<Option<Problem>, BrokerError> {
+    if !table.id.generated {
+        return Ok(None);
+    }
+    let rows = DB::fetch(
+        conn,
+        "SELECT pg_get_serial_sequence($1, $2), CAST(has_sequence_privilege(pg_get_serial_sequence($1, $2), 'USAGE') AS TEXT) WHERE to_regclass($1) IS NOT NULL AND pg_get_serial_sequence($1, $2) IS NOT NULL".to_owned(),
+        vec![
+            Value::Text(Some(table.qualified())),
+            Value::Text(Some(table.id.name.to_owned())),
+        ],
+    )
+    .await
+    .map_err(db_err)?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    if text::<DB>(row, 1)? == "true" {
+        return Ok(None);
+    }
+    let seq = text::<DB>(row, 0)?;
+    let (role, role_q) = (&who.role, &who.role_q);
+    Ok(Some(Problem {
+        mount: format!("table `{}`", table.name),
+        message: format!(
+            "role `{role}` cannot take numbers from `{seq}`, the sequence of the id of `{}`, which publishing needs: run `GRANT USAGE ON SEQUENCE {seq} TO {role_q}`",
+            table.name
+        ),
+    }))
+}
+
+/// The bookkeeping tables the role cannot use: missing where it may not create them, or
+/// lacking privileges.
+async fn bookkeeping_problems<DB: Dialect>(
+    conn: &mut DB::Connection,
+    who: &Who,
+) -> Result<Vec<Problem>, BrokerError> {
+    let (role, role_q, schema) = (&who.role, &who.role_q, &who.schema);
+    let mut problems = Vec::new();
+    for (name, what, ddl) in BOOKKEEPING {
+        match lacking::<DB>(conn, name.to_owned()).await? {
+            None if !who.can_create => problems.push(Problem {
+                mount: "*".to_owned(),
+                message: format!(
+                    "the bookkeeping table `{name}` ({what}) does not exist, and role `{role}` may not create it (no CREATE on schema `{schema}`): as the schema's owner run `{ddl}` and `{}`, or run `GRANT CREATE ON SCHEMA \"{schema}\" TO {role_q}` (the README's \"Database privileges\" lists every table)",
+                    who.grant_all(name)
+                ),
+            }),
+            Some(missing) if !missing.is_empty() => problems.push(Problem {
+                mount: "*".to_owned(),
+                message: format!(
+                    "role `{role}` lacks {} on the bookkeeping table `{name}` ({what}): run `{}`",
+                    missing.join(", "),
+                    who.grant_all(name)
+                ),
+            }),
+            _ => {}
+        }
+    }
+    Ok(problems)
 }

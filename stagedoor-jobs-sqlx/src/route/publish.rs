@@ -11,8 +11,9 @@ use stagedoor_jobs::broker::{BrokerError, Published};
 use stagedoor_jobs::inbox::ColumnType;
 use stagedoor_jobs::{Envelope, Inbox, Job, Priority};
 
-use super::{BACKDATE, SqlxRoute, fetch_in};
+use super::{SqlxRoute, fetch_in};
 use crate::dialect::{Dialect, acquire, db_err};
+use crate::due::BACKDATE;
 use crate::headers::HeaderDoc;
 use crate::locks::{create_bookkeeping_in, ensure_bookkeeping, lock_holder, take_lock};
 use crate::publish::{chunks, keyed_by_row, reports};

@@ -10,14 +10,37 @@ use chrono::{DateTime, Utc};
 use stagedoor_jobs::broker::{BrokerError, Delivery, Settled, Settlement};
 use stagedoor_jobs::{Failure, Inbox};
 
-use super::{BACKDATE, SqlxRoute};
+use super::SqlxRoute;
 use crate::batch::{Op, SettleReq, settle_loop};
 use crate::dead_move::move_dead;
 use crate::dialect::{Dialect, acquire, db_err};
+use crate::due::BACKDATE;
 use crate::headers::HeaderDoc;
 use crate::receipt::{IdValue, SqlReceipt};
 use crate::rows::Vals;
 use crate::sql::Statements;
+
+/// When a retried row is due again (`delay` after `now`, or at once, backdated), and whether it
+/// keeps its place (a FIFO row retried at once). Warns when the table cannot delay it.
+fn retry_due(
+    stmts: &Statements,
+    now: DateTime<Utc>,
+    delay: std::time::Duration,
+) -> (DateTime<Utc>, bool) {
+    if stmts.table.retry_after.is_none() && !delay.is_zero() {
+        tracing::warn!(
+            table = stmts.table.name,
+            "no retry_after column: the row is due again at once instead of in {delay:?}"
+        );
+    }
+    let keep_place = stmts.table.fifo && delay.is_zero();
+    let due = if delay.is_zero() {
+        now - BACKDATE
+    } else {
+        stagedoor_jobs::broker::later(now, delay)
+    };
+    (due, keep_place)
+}
 
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     pub(super) async fn settle_row(
@@ -48,18 +71,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 }
             }
             Settlement::Retry { delay, failure } => {
-                if stmts.table.retry_after.is_none() && !delay.is_zero() {
-                    tracing::warn!(
-                        table = stmts.table.name,
-                        "no retry_after column: the row is due again at once instead of in {delay:?}"
-                    );
-                }
-                let keep_place = stmts.table.fifo && delay.is_zero();
-                let due = if delay.is_zero() {
-                    now - BACKDATE
-                } else {
-                    stagedoor_jobs::broker::later(now, delay)
-                };
+                let (due, keep_place) = retry_due(&stmts, now, delay);
                 if batched {
                     Op::Retry {
                         due: (!keep_place).then_some(due),

@@ -1,7 +1,7 @@
 //! The statements of a claim: the claim itself (bounded by a due time on Postgres, the strays
 //! on SQLite), the lease's renewal and when the next row becomes claimable.
 
-use super::{Flavor, Names, P, Stmt, fence};
+use super::parts::{Flavor, Names, P, Stmt, fence};
 
 /// The number of the delivery a claim of a row makes, from its `attempt` column `a` (the number
 /// of its next delivery): the stored count clamped to `1..=MAX_ATTEMPT`. A count below 1 (a
@@ -45,7 +45,7 @@ pub(super) struct Claims {
 }
 
 pub(super) fn build(n: &Names) -> Claims {
-    let (t, locked, due) = (&n.t, &n.locked, &n.due);
+    let due = &n.due;
     let claim = build_claim(n, false, false, false);
     let bounded = n.flavor == Flavor::Postgres && due.is_some() && !n.table.fifo;
     let claim_from = if bounded {
@@ -70,7 +70,27 @@ pub(super) fn build(n: &Names) -> Claims {
         Stmt::default()
     };
 
-    // On Postgres both return where the row's new version is (see `SqlReceipt::ctid`).
+    let (renew, renew_at) = renewals(n);
+    let (next_due, next_due_from) = next_due(n, bounded);
+
+    Claims {
+        claim,
+        claim_from,
+        claim_prio,
+        claim_prio_from,
+        claim_strays,
+        next_due,
+        next_due_from,
+        renew,
+        renew_at,
+    }
+}
+
+/// The renewal of a lease, fenced on the leases this delivery set, and on Postgres the same at
+/// the row version's place ([`P::Ctid`]); both return, on Postgres, where the row's new version
+/// is (see `SqlReceipt::ctid`).
+fn renewals(n: &Names) -> (Stmt, Stmt) {
+    let (t, locked) = (&n.t, &n.locked);
     let moved = match n.flavor {
         Flavor::Postgres => " RETURNING CAST(ctid AS TEXT)",
         Flavor::Sqlite => "",
@@ -93,9 +113,14 @@ pub(super) fn build(n: &Names) -> Claims {
             "UPDATE {t} SET {locked} = {new} WHERE ctid = CAST({at} AS tid) AND ({idc} AND {f}) IS TRUE{moved}"
         );
     }
+    (renew, renew_at)
+}
 
-    // When the next row becomes claimable: a waiting row at its due time, a claimed one when
-    // its lease ends (its worker may have died).
+/// When the next row becomes claimable: a waiting row at its due time, a claimed one when its
+/// lease ends (its worker may have died); and the same bounded below by [`P::Floor`] when
+/// claims are (`bounded`).
+fn next_due(n: &Names, bounded: bool) -> (Stmt, Stmt) {
+    let (t, locked, due) = (&n.t, &n.locked, &n.due);
     let mut next_due = Stmt::default();
     {
         let gc = n.group_cond(&mut next_due);
@@ -114,18 +139,7 @@ pub(super) fn build(n: &Names) -> Claims {
             "SELECT MIN(CASE WHEN {locked} IS NULL THEN {d} ELSE {locked} END) FROM {t} WHERE {gc} AND {d} >= {f}"
         );
     }
-
-    Claims {
-        claim,
-        claim_from,
-        claim_prio,
-        claim_prio_from,
-        claim_strays,
-        next_due,
-        next_due_from,
-        renew,
-        renew_at,
-    }
+    (next_due, next_due_from)
 }
 
 /// The claim: lease and count in one statement; returns the delivery's number (the stored
@@ -143,11 +157,47 @@ pub(super) fn build(n: &Names) -> Claims {
 /// timestamp (SQLite); `prio`: the highest priority first (`{priority} DESC, {due}, {id}`, which
 /// an index on `(group, priority DESC, due, id)` serves), else in due order alone.
 fn build_claim(n: &Names, floor: bool, strays: bool, prio: bool) -> Stmt {
-    let (t, id, locked, group, due) = (&n.t, &n.id, &n.locked, &n.group, &n.due);
-    let (table, flavor) = (&n.table, n.flavor);
+    let (t, id, locked, flavor) = (&n.t, &n.id, &n.locked, n.flavor);
     let mut claim = Stmt::default();
     let lease = claim.p(P::NewLease);
     let g = claim.p(P::Group);
+    let cond = claim_conds(n, &mut claim, &g, floor, strays);
+    let limit = if n.table.fifo {
+        "1".to_owned()
+    } else {
+        claim.p(P::Limit)
+    };
+    let order = claim_order(n, prio);
+    let bump = n
+        .attempt
+        .as_ref()
+        .map_or(String::new(), |a| format!(", {a} = {}", next_of(a, flavor)));
+    let delivery = n
+        .attempt
+        .as_ref()
+        .map_or("CAST(1 AS BIGINT)".to_owned(), |a| {
+            format!("CAST({} AS BIGINT)", delivery_of(a, flavor))
+        });
+    let returned = n.reads(
+        "(SELECT stagedoor_attempt FROM stagedoor_batch WHERE stagedoor_id = {id})"
+            .replace("{id}", id),
+    );
+    let (lock, picked, matched, at) = pick_and_match(id, flavor);
+    let pick = format!(
+        "SELECT {id} AS stagedoor_id, {delivery} AS stagedoor_attempt{picked} FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}{lock}",
+        cond.join(" AND ")
+    );
+    claim.sql = format!(
+        "WITH stagedoor_batch AS MATERIALIZED ({pick}) UPDATE {t} SET {locked} = {lease}{bump} WHERE {matched} RETURNING {returned}{at}"
+    );
+    claim
+}
+
+/// The conditions of a claim's pick, in the order their parameters are numbered: the lease
+/// ran out ([`P::Reclaim`]), the group, the due time (or a stray's, `strays`), the floor
+/// (`floor`), and a FIFO group's rows none of which is running.
+fn claim_conds(n: &Names, claim: &mut Stmt, g: &str, floor: bool, strays: bool) -> Vec<String> {
+    let (t, locked, group, due) = (&n.t, &n.locked, &n.group, &n.due);
     // `now` is bound only where a condition reads it (a table without `retry_after`
     // and FIFO reads none: an unused parameter has no type Postgres can infer).
     let reclaim = claim.p(P::Reclaim);
@@ -172,42 +222,34 @@ fn build_claim(n: &Names, floor: bool, strays: bool, prio: bool) -> Stmt {
             cond.push(format!("{d} >= {f}"));
         }
     }
-    if let (Some(gc), true) = (group, table.fifo) {
+    if let (Some(gc), true) = (group, n.table.fifo) {
         let now = claim.p(P::Now);
         cond.push(format!(
             "NOT EXISTS (SELECT 1 FROM {t} AS busy WHERE busy.{gc} = {g} AND busy.{locked} > {now})"
         ));
     }
-    let limit = if table.fifo {
-        "1".to_owned()
-    } else {
-        claim.p(P::Limit)
-    };
+    cond
+}
+
+/// The order of a claim: due order (then id), after the priority, highest first (`prio`).
+fn claim_order(n: &Names, prio: bool) -> String {
+    let (id, due) = (&n.id, &n.due);
     let order = due.as_ref().map_or(id.clone(), |d| format!("{d}, {id}"));
-    let order = match (&n.priority, prio) {
+    match (&n.priority, prio) {
         (Some(p), true) => format!("{p} DESC, {order}"),
         _ => order,
-    };
-    let bump = n
-        .attempt
-        .as_ref()
-        .map_or(String::new(), |a| format!(", {a} = {}", next_of(a, flavor)));
-    let delivery = n
-        .attempt
-        .as_ref()
-        .map_or("CAST(1 AS BIGINT)".to_owned(), |a| {
-            format!("CAST({} AS BIGINT)", delivery_of(a, flavor))
-        });
-    let returned = n.reads(
-        "(SELECT stagedoor_attempt FROM stagedoor_batch WHERE stagedoor_id = {id})"
-            .replace("{id}", id),
-    );
+    }
+}
+
+/// What differs by flavor in a claim: the pick's lock, what it keeps of each row, how the
+/// update finds the picked rows, what the update returns after the row's values.
+fn pick_and_match(id: &str, flavor: Flavor) -> (&'static str, &'static str, String, &'static str) {
     let lock = match flavor {
         Flavor::Postgres => " FOR UPDATE SKIP LOCKED",
         Flavor::Sqlite => "",
     };
     // Postgres finds the picked rows again by their place (a TID scan): by id, the planner
-    // may walk a whole index per row (see the comment above), and a table under a pinned xmin
+    // may walk a whole index per row (see [`build_claim`]), and a table under a pinned xmin
     // makes every such walk longer. The rows are locked by the pick, so their place holds.
     let (picked, matched, at) = match flavor {
         Flavor::Postgres => (
@@ -221,12 +263,5 @@ fn build_claim(n: &Names, floor: bool, strays: bool, prio: bool) -> Stmt {
             "",
         ),
     };
-    let pick = format!(
-        "SELECT {id} AS stagedoor_id, {delivery} AS stagedoor_attempt{picked} FROM {t} WHERE {} ORDER BY {order} LIMIT {limit}{lock}",
-        cond.join(" AND ")
-    );
-    claim.sql = format!(
-        "WITH stagedoor_batch AS MATERIALIZED ({pick}) UPDATE {t} SET {locked} = {lease}{bump} WHERE {matched} RETURNING {returned}{at}"
-    );
-    claim
+    (lock, picked, matched, at)
 }

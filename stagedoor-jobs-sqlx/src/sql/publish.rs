@@ -3,7 +3,8 @@
 
 use stagedoor_jobs::inbox::{Column, Table};
 
-use super::{CHANNEL, Flavor, Names, P, Statements, Stmt, q};
+use super::parts::{CHANNEL, Flavor, Names, P, Stmt, q};
+use super::statements::Statements;
 
 /// The name the inserts return each stored row's id under (as text).
 const INSERTED: &str = "stagedoor_inserted_id";

@@ -2,7 +2,8 @@
 //! a dead letter within the table (to another group) or into another table (a copy, then the
 //! copied row marked and the original deleted), and a replay's move back out of one.
 
-use super::{FENCES, Names, P, Statements, Stmt, col, fence, q};
+use super::parts::{FENCES, Names, P, Stmt, col, fence, q};
+use super::statements::Statements;
 
 /// The bound attempt count `p`, typed: a statement prepared without argument types (the
 /// startup check) would otherwise type it as the column (`SMALLINT`), and the driver's 8-byte
