@@ -51,8 +51,6 @@ const KNOWN_VIOLATIONS: &[&str] = &[
     "fn stagedoor-jobs-redis/src/claim.rs RedisBroker::claim_levels",
     "fn stagedoor-jobs-sqlx/src/route/check.rs SqlxRoute::check_mounts",
     "fn stagedoor-jobs-sqlx/src/rows.rs read",
-    "fn stagedoor-jobs/src/runtime/delivery.rs Worker::process",
-    "fn stagedoor-jobs/src/runtime/route.rs RouteRuntime::spawn",
 ];
 
 fn root() -> PathBuf {

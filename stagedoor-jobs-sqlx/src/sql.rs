@@ -19,10 +19,10 @@ mod publish;
 mod settle;
 mod statements;
 
-#[allow(unreachable_pub)]
-pub use parts::Flavor;
 #[cfg(feature = "postgres")]
 pub(crate) use parts::CHANNEL;
+#[allow(unreachable_pub)]
+pub use parts::Flavor;
 pub(crate) use parts::{FENCES, P, Stmt};
 pub(crate) use statements::Statements;
 

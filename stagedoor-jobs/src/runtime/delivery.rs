@@ -70,45 +70,7 @@ impl<B: Broker> Worker<B> {
             }
             // The lease is renewed from here on, while the delivery waits for a slot of its
             // mount and while its handler runs.
-            let run = async {
-                // A mount's permits are never closed: nothing calls `close` on them.
-                let _slot = mount
-                    .permits
-                    .acquire()
-                    .await
-                    .expect("semaphore never closed");
-                if cancel.is_cancelled() {
-                    return None;
-                }
-                let ctx = Arc::new(
-                    JobContext::new(
-                        Arc::clone(&self.queue.name),
-                        env.clone(),
-                        Arc::clone(&self.ctx.state),
-                    )
-                    .with_cancellation(cancel.clone()),
-                );
-                let started = std::time::Instant::now();
-                // In a task of its own: a handler that blocks its thread (blocking code
-                // without `spawn_blocking`) holds up only that task, not this one, which
-                // renews the lease meanwhile.
-                let handler =
-                    CatchPanic::new(spec.handler.run(ctx)).instrument(tracing::Span::current());
-                let ran = match (HandlerTask(tokio::spawn(handler))).await {
-                    Ok(ran) => ran,
-                    Err(e) => Err(Failure::new(
-                        FailureCause::Panic,
-                        format!("the handler's task ended without an outcome: {e}"),
-                        String::new(),
-                    )),
-                };
-                crate::counters::handler_duration(
-                    &self.queue.name,
-                    self.kind_label(env.kind()),
-                    started.elapsed(),
-                );
-                Some(ran)
-            };
+            let run = self.run_handler(mount, env, &cancel);
             let ran = self.with_renewal(&delivery, run).await;
             // A job cancelled while it ran (or waited for its slot) is dropped, whatever its
             // handler answered.
@@ -126,6 +88,53 @@ impl<B: Broker> Worker<B> {
         }
         .instrument(span)
         .await
+    }
+
+    /// Waits for a slot of `mount`, then runs its handler on `env` in a task of its own.
+    /// `None` when the job was cancelled before its slot came.
+    async fn run_handler(
+        &self,
+        mount: &MountRt,
+        env: &Envelope,
+        cancel: &Cancellation,
+    ) -> Option<Result<Ran, Failure>> {
+        let spec = &mount.spec;
+        // A mount's permits are never closed: nothing calls `close` on them.
+        let _slot = mount
+            .permits
+            .acquire()
+            .await
+            .expect("semaphore never closed");
+        if cancel.is_cancelled() {
+            return None;
+        }
+        let ctx = Arc::new(
+            JobContext::new(
+                Arc::clone(&self.queue.name),
+                env.clone(),
+                Arc::clone(&self.ctx.state),
+            )
+            .with_cancellation(cancel.clone()),
+        );
+        let started = std::time::Instant::now();
+        // In a task of its own: a handler that blocks its thread (blocking code
+        // without `spawn_blocking`) holds up only that task, not this one, which
+        // renews the lease meanwhile.
+        let handler = CatchPanic::new(spec.handler.run(ctx)).instrument(tracing::Span::current());
+        let ran = match (HandlerTask(tokio::spawn(handler))).await {
+            Ok(ran) => ran,
+            Err(e) => Err(Failure::new(
+                FailureCause::Panic,
+                format!("the handler's task ended without an outcome: {e}"),
+                String::new(),
+            )),
+        };
+        crate::counters::handler_duration(
+            &self.queue.name,
+            self.kind_label(env.kind()),
+            started.elapsed(),
+        );
+        Some(ran)
     }
 
     /// A job whose kind no mount of the queue handles: to the default dead letter.

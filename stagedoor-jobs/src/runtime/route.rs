@@ -213,46 +213,14 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                     permits: Arc::new(Semaphore::new(m.concurrency.max(1))),
                 })
                 .collect();
-            let mut queues: Vec<QueueRt> = Vec::new();
-            for (i, m) in mounts.iter().enumerate() {
-                let q = match queues.iter_mut().position(|q| *q.name == *m.spec.queue) {
-                    Some(p) => &mut queues[p],
-                    None => {
-                        queues.push(QueueRt {
-                            name: Arc::from(m.spec.queue.as_str()),
-                            by_kind: HashMap::new(),
-                            every_kind: None,
-                            slots: 0,
-                            kind_labels: Arc::default(),
-                        });
-                        queues.last_mut().expect("just pushed")
-                    }
-                };
-                match &m.spec.kind {
-                    Some(k) => {
-                        q.by_kind.insert(k.clone(), i);
-                    }
-                    None => q.every_kind = Some(i),
-                }
-                q.slots += m.spec.concurrency.max(1);
-            }
+            let queues = queues_of(&mounts);
             let mut handles = Vec::new();
             let mut activity = Vec::new();
             for q in queues {
                 self.broker.prepare(&q.name).await?;
                 // Disagreeing mounts were refused at startup.
                 let limits = QueueLimits::of(&q.name, self.mounts.iter()).ok().flatten();
-                let mut capacity = q.slots + (q.slots / 2).min(MAX_BATCH);
-                if let Some(l) = &limits {
-                    // A rate-limited queue claims nothing ahead (a claimed job starts at
-                    // once); a globally limited one claims no more than its limit.
-                    if l.rate.is_some() {
-                        capacity = q.slots;
-                    }
-                    if let Some(n) = l.concurrency {
-                        capacity = capacity.min((n as usize).max(1));
-                    }
-                }
+                let capacity = capacity_of(q.slots, limits.as_ref());
                 let health = ctx.board.queue(&q.name, self.broker.backend());
                 let tally = Arc::new(Tally::default());
                 activity.push(Arc::new(QueueActivity {
@@ -424,4 +392,49 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
             ttl,
         ))
     }
+}
+
+/// The queues of `mounts`, each with its mounts by kind (or for every kind) and its slots.
+fn queues_of(mounts: &[MountRt]) -> Vec<QueueRt> {
+    let mut queues: Vec<QueueRt> = Vec::new();
+    for (i, m) in mounts.iter().enumerate() {
+        let p = match queues.iter().position(|q| *q.name == *m.spec.queue) {
+            Some(p) => p,
+            None => {
+                queues.push(QueueRt {
+                    name: Arc::from(m.spec.queue.as_str()),
+                    by_kind: HashMap::new(),
+                    every_kind: None,
+                    slots: 0,
+                    kind_labels: Arc::default(),
+                });
+                queues.len() - 1
+            }
+        };
+        let Some(q) = queues.get_mut(p) else { continue };
+        match &m.spec.kind {
+            Some(k) => {
+                q.by_kind.insert(k.clone(), i);
+            }
+            None => q.every_kind = Some(i),
+        }
+        q.slots += m.spec.concurrency.max(1);
+    }
+    queues
+}
+
+/// How many deliveries a queue with `slots` handler slots holds at once: its slots and up to
+/// half again claimed ahead, except that a rate-limited queue claims nothing ahead (a claimed
+/// job starts at once) and a globally limited one claims no more than its limit.
+fn capacity_of(slots: usize, limits: Option<&QueueLimits>) -> usize {
+    let mut capacity = slots + (slots / 2).min(MAX_BATCH);
+    if let Some(l) = limits {
+        if l.rate.is_some() {
+            capacity = slots;
+        }
+        if let Some(n) = l.concurrency {
+            capacity = capacity.min((n as usize).max(1));
+        }
+    }
+    capacity
 }
