@@ -23,6 +23,10 @@ impl Fixture for MemoryFixture {
     fn paused(&self) -> bool {
         true
     }
+
+    fn leaves_fates_to_the_runtime(&self) -> bool {
+        true
+    }
 }
 
 stagedoor_jobs::conformance_tests!(MemoryFixture);
@@ -48,6 +52,10 @@ mod live {
 
         fn paused(&self) -> bool {
             false
+        }
+
+        fn leaves_fates_to_the_runtime(&self) -> bool {
+            true
         }
     }
 

@@ -67,6 +67,11 @@
 //! - `activity.rs`: workers' reports and their time to live, per-minute counts, delayed jobs;
 //! - `model.rs` (and `model/`): [`run_model`], the model-based random test of the broker
 //!   contract each backend runs from its own test file (`tests/model_*.rs`);
+//! - `runtime_rules.rs`: the runtime's rules on a backend that only reports what it knows (a
+//!   job arriving with its cap spent, a job delivered past the poison count, an unreadable
+//!   item's dead letter, the fair turn);
+//! - `naive.rs`: [`NaiveBroker`], a broker for tests that knows none of those rules, which
+//!   passes them all (`tests/conformance_naive.rs`);
 //! - `fixture.rs`: [`Fixture`], what a backend provides to run the suite.
 //! - `support.rs`: what the rows share (timings, the test job, the probe, the handlers).
 
@@ -79,10 +84,12 @@ mod fixture;
 mod headers_and_stats;
 mod limits;
 mod model;
+mod naive;
 mod outcomes;
 mod priority;
 mod publish;
 mod replay;
+mod runtime_rules;
 mod support;
 mod unique;
 
@@ -146,6 +153,12 @@ pub use replay::{
     replay_skips_a_letter_whose_job_is_back_in_its_queue,
 };
 
+pub use runtime_rules::{
+    a_job_arriving_with_its_cap_spent_is_dead_lettered_without_running,
+    a_job_delivered_past_the_poison_count_is_dead_lettered_without_running,
+    an_unreadable_item_goes_raw_to_its_mounts_dead_letter,
+    every_fair_turn_of_the_runtime_claims_in_due_order,
+};
 pub use unique::{
     unique_by_payload_stores_a_message_once, unique_job_is_held_until_its_window_after_it_finished,
     unique_publishes_at_once_store_one_job,
@@ -153,6 +166,7 @@ pub use unique::{
 
 pub use fixture::{Fixture, Junk, Outage};
 pub use model::{ModelRun, run_model};
+pub use naive::{NaiveBroker, NaiveReceipt};
 
 /// Runs the whole conformance suite against a [`Fixture`]: one
 /// `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]` per row, named after the row's
@@ -242,6 +256,10 @@ macro_rules! conformance_tests {
             a_lease_out_of_bounds_is_refused_at_startup
             a_bad_queue_name_is_refused_at_startup_and_at_publish
             a_unique_window_past_the_bound_keeps_the_job_unique
+            a_job_arriving_with_its_cap_spent_is_dead_lettered_without_running
+            a_job_delivered_past_the_poison_count_is_dead_lettered_without_running
+            an_unreadable_item_goes_raw_to_its_mounts_dead_letter
+            every_fair_turn_of_the_runtime_claims_in_due_order
         );
     };
     ($fixture:expr $(,)?) => {

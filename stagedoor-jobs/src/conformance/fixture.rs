@@ -81,6 +81,42 @@ pub trait Fixture: Send + Sync + 'static {
         async { None }
     }
 
+    /// Whether the backend leaves every fate to the runtime (the cap on arrival, the poison
+    /// count, the dead letter of an unreadable item) and only reports what it knows. The rows
+    /// of `runtime_rules.rs` that check the runtime's own messages run only when it does. The
+    /// default: `false` (the row passes without checking anything).
+    fn leaves_fates_to_the_runtime(&self) -> bool {
+        false
+    }
+
+    /// Stores in `queue` of `broker` (connected) an item whose content is `content`, as it
+    /// came, which the broker cannot read as a job, so that a claim returns it as
+    /// [`Unreadable`](crate::broker::Unreadable). Returns words the dead letter's error must
+    /// contain. The default stores nothing and returns `None`: the row
+    /// [`an_unreadable_item_goes_raw_to_its_mounts_dead_letter`](super::an_unreadable_item_goes_raw_to_its_mounts_dead_letter)
+    /// does not apply.
+    fn store_raw_unreadable(
+        &self,
+        broker: &Self::Broker,
+        queue: &str,
+        content: &[u8],
+    ) -> impl Future<Output = Option<String>> + Send {
+        let _ = (broker, queue, content);
+        async { None }
+    }
+
+    /// The order of every claim `broker` was asked to make of `queue`, with how many items each
+    /// took, when the broker records them (the naive broker does); `None` (the default): the
+    /// row of the fair turn checks only what the handlers saw.
+    fn claim_orders(
+        &self,
+        broker: &Self::Broker,
+        queue: &str,
+    ) -> Option<Vec<(crate::broker::ClaimOrder, usize)>> {
+        let _ = (broker, queue);
+        None
+    }
+
     /// Publishes `job` in a transaction of the caller's own (on SQL,
     /// `SqlxRoute::publish_in`), then commits it when `commit` or rolls it back. `None`: the
     /// backend has no such publish (the default); the model test skips the step.
