@@ -11,9 +11,9 @@
 //! - `route/settle.rs`: acknowledgements, retries and dead-lettering (batched, see `batch.rs`);
 //! - `route/publish.rs`: publishing, in a batch, in the caller's transaction, once per guard;
 //! - `route/check.rs`: the startup check of the table against the mounts;
-//! - `route/dead.rs`: [`DeadLetters`]: listing, replaying and purging dead letters;
-//! - `route/schedule.rs`: [`Locks`]: the scheduler's locks and ticks;
-//! - `route/inspect.rs`: [`Inspect`]: connecting, queue stats, queues, the next due time;
+//! - `route/dead.rs`: [`DeadLetters`](stagedoor_jobs::broker::DeadLetters): listing, replaying and purging dead letters;
+//! - `route/schedule.rs`: [`Locks`](stagedoor_jobs::broker::Locks): the scheduler's locks and ticks;
+//! - `route/inspect.rs`: [`Inspect`](stagedoor_jobs::broker::Inspect): connecting, queue stats, queues, the next due time;
 //! - `route/activity.rs`: [`Activity`](stagedoor_jobs::Activity): workers' reports, per-minute
 //!   counts, delayed rows.
 
