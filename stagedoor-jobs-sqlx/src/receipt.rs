@@ -4,9 +4,9 @@
 use std::sync::Mutex;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::BrokerError;
 use stagedoor_jobs::inbox::{ColumnType, Table};
 use stagedoor_jobs::kit::lock;
+use stagedoor_jobs::{BrokerError, Envelope};
 
 use crate::dialect::sealed::Value;
 
@@ -16,10 +16,26 @@ use crate::dialect::sealed::Value;
 /// statement was sent) may have committed, so the receipt keeps the value it tried to set
 /// beside the one last confirmed, and the fence accepts any of them: a lost reply never makes
 /// the worker's own row look taken by another.
+///
+/// A SQL delivery reports no delivery count ([`Delivery::delivered`] is `None`): the claim
+/// counts the row's attempt as it takes it, so a job that crashes its worker every time ends
+/// at its mount's cap (`max_attempts`), and the runtime's poison count has nothing to read.
+///
+/// The receipt of a row a claim could not read (an [`Unreadable`] item) also holds the job as
+/// far as its columns read: its move to a dead letter
+/// ([`Broker::dead_letter_unreadable`]) writes that job's kind, id and headers beside the
+/// row's columns, which it keeps as they are.
+///
+/// [`Delivery::delivered`]: stagedoor_jobs::broker::Delivery::delivered
+/// [`Unreadable`]: stagedoor_jobs::broker::Unreadable
+/// [`Broker::dead_letter_unreadable`]: stagedoor_jobs::Broker::dead_letter_unreadable
 #[derive(Debug)]
 pub struct SqlReceipt {
     pub(crate) id: IdValue,
     lease: Mutex<Fence>,
+    /// The job as far as an unreadable row's columns read (see the type's documentation);
+    /// `None` for a delivery.
+    unread: Option<Box<Envelope>>,
     /// Where the row's version is, as far as this delivery knows (Postgres: the `ctid` its
     /// claim or last renewal returned, as text): settlements and renewals find the row there
     /// with a TID scan, whatever the planner believes of the table, and by id only when it
@@ -45,6 +61,38 @@ impl SqlReceipt {
                 unsure: Vec::new(),
             }),
             ctid: Mutex::new(ctid),
+            unread: None,
+        }
+    }
+
+    /// The receipt of a row a claim could not read: `job` is what its columns read as.
+    pub(crate) fn unreadable(
+        id: IdValue,
+        lease: DateTime<Utc>,
+        ctid: Option<String>,
+        job: Envelope,
+    ) -> Self {
+        Self {
+            unread: Some(Box::new(job)),
+            ..Self::new(id, lease, ctid)
+        }
+    }
+
+    /// The job as far as an unreadable row's columns read; `None` for a delivery.
+    pub(crate) fn unread(&self) -> Option<&Envelope> {
+        self.unread.as_deref()
+    }
+
+    /// A receipt of the same row with the same fence and place, for a settlement made
+    /// through another delivery value (an unreadable row's move): nothing it holds changes
+    /// when that settlement runs.
+    pub(crate) fn fenced_copy(&self) -> Self {
+        let fence = self.fence().clone();
+        Self {
+            id: self.id.clone(),
+            lease: Mutex::new(fence),
+            ctid: Mutex::new(self.ctid()),
+            unread: None,
         }
     }
 
@@ -150,5 +198,22 @@ mod tests {
         );
         r.confirmed(t(20));
         assert_eq!(r.leases(), [t(20); crate::sql::FENCES]);
+    }
+
+    #[test]
+    fn a_fenced_copy_keeps_the_fence_and_place_but_not_the_unread_job() {
+        let t = |s: i64| DateTime::from_timestamp(s, 0).expect("a time");
+        let job = Envelope::new("q", b"{}".to_vec(), t(1));
+        let r = SqlReceipt::unreadable(IdValue::Int(7), t(10), Some("(0,1)".to_owned()), job);
+        r.maybe(t(11));
+        assert!(
+            r.unread().is_some(),
+            "an unreadable row's receipt holds its job"
+        );
+        let copy = r.fenced_copy();
+        assert_eq!(copy.id, IdValue::Int(7));
+        assert_eq!(copy.leases(), r.leases());
+        assert_eq!(copy.ctid().as_deref(), Some("(0,1)"));
+        assert!(copy.unread().is_none());
     }
 }

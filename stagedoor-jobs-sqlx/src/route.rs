@@ -6,12 +6,14 @@
 //! dead letter) and the [`Broker`] impl, whose work is in files along the job's path:
 //!
 //! - `route/claim.rs`: claiming rows (and waiting when there are none), renewing leases;
+//! - `route/unreadable.rs`: rows a claim cannot read, returned as unreadable items and moved
+//!   to the dead letter the runtime picks;
 //! - `route/settle.rs`: acknowledgements, retries and dead-lettering (batched, see `batch.rs`);
 //! - `route/publish.rs`: publishing, in a batch, in the caller's transaction, once per guard;
 //! - `route/check.rs`: the startup check of the table against the mounts;
-//! - `route/dead.rs`: [`DeadLetters`]: listing, replaying and purging dead letters;
-//! - `route/schedule.rs`: [`Locks`]: the scheduler's locks and ticks;
-//! - `route/inspect.rs`: [`Inspect`]: connecting, queue stats, queues, the next due time;
+//! - `route/dead.rs`: [`DeadLetters`](stagedoor_jobs::broker::DeadLetters): listing, replaying and purging dead letters;
+//! - `route/schedule.rs`: [`Locks`](stagedoor_jobs::broker::Locks): the scheduler's locks and ticks;
+//! - `route/inspect.rs`: [`Inspect`](stagedoor_jobs::broker::Inspect): connecting, queue stats, queues, the next due time;
 //! - `route/activity.rs`: [`Activity`](stagedoor_jobs::Activity): workers' reports, per-minute
 //!   counts, delayed rows.
 
@@ -24,8 +26,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::Database;
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, ClaimOrder, Claimed, DeadLetter, DeadLetters, Delivery, MountInfo,
-    Problem, Published, Settled, Settlement,
+    Broker, BrokerError, ClaimOrder, Claimed, DeadLetter, Delivery, MountInfo, Problem, Published,
+    Settled, Settlement, Unreadable,
 };
 use stagedoor_jobs::inbox::{Table, is_plain_identifier};
 use stagedoor_jobs::kit::lock;
@@ -39,7 +41,7 @@ pub(crate) use crate::exec::{fetch_in, run_in};
 use crate::floor::Floors;
 use crate::headers::HeaderDoc;
 use crate::receipt::SqlReceipt;
-use crate::rows::{RowRead, Vals, attempt_number, read, time_at};
+use crate::rows::{RowRead, Vals, attempt_number, read, read_claimed, time_at};
 use crate::sql::{Flavor, Statements, Stmt, validate};
 
 mod activity;
@@ -50,6 +52,7 @@ mod inspect;
 mod publish;
 mod schedule;
 mod settle;
+mod unreadable;
 
 /// A queue whose last claim found nothing: until when there is no need to look again, unless
 /// something wakes this process.
@@ -67,7 +70,11 @@ struct RouteInner {
     idle: Mutex<HashMap<String, Idle>>,
     stmts: Result<Arc<Statements>, Vec<String>>,
     dead_tables: Mutex<HashMap<String, Arc<Statements>>>,
-    origins: Mutex<HashMap<String, String>>,
+    /// The dead letters the mounts declare (recorded by `check`), each with its mount's
+    /// queue: data for listings (a declared dead letter is a queue to list and a name to
+    /// replay or purge; the queue a dead letter came from when its row does not say). Which
+    /// dead letter a job goes to is the runtime's choice, never read from here.
+    declared_dead: Mutex<HashMap<String, String>>,
     /// Where each queue's bounded claims start (Postgres).
     floors: Floors,
     /// The rows [`SqlxRoute::fetch`] has read, for tests.
@@ -149,7 +156,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 idle: Mutex::new(HashMap::new()),
                 stmts,
                 dead_tables: Mutex::new(HashMap::new()),
-                origins: Mutex::new(HashMap::new()),
+                declared_dead: Mutex::new(HashMap::new()),
                 floors: Floors::default(),
                 rows_read: std::sync::atomic::AtomicU64::new(0),
                 largest_read: std::sync::atomic::AtomicU64::new(0),
@@ -270,7 +277,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     fn origin_of(&self, dead: &str, doc: &HeaderDoc) -> Option<String> {
         doc.origin
             .clone()
-            .or_else(|| lock(&self.inner.origins).get(dead).cloned())
+            .or_else(|| lock(&self.inner.declared_dead).get(dead).cloned())
             // A table without a group column has one queue: a dead letter of it failed there,
             // even when no service checked this route (an operator's replay) and the table
             // has no headers column to record the origin.
@@ -335,6 +342,33 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         stmt: &Stmt,
         v: &Vals,
     ) -> Result<Vec<RowRead>, BrokerError> {
+        let rows = self.fetch_counted(stmts, stmt, v).await?;
+        Ok(rows.iter().map(|r| read::<DB>(r, &stmts.table)).collect())
+    }
+
+    /// [`fetch`](Self::fetch) of a claim statement, whose rows also say where their versions
+    /// are (see [`read_claimed`]).
+    pub(crate) async fn fetch_claimed(
+        &self,
+        stmts: &Statements,
+        stmt: &Stmt,
+        v: &Vals,
+    ) -> Result<Vec<RowRead>, BrokerError> {
+        let rows = self.fetch_counted(stmts, stmt, v).await?;
+        Ok(rows
+            .iter()
+            .map(|r| read_claimed::<DB>(r, &stmts.table))
+            .collect())
+    }
+
+    /// Runs `stmt` on a connection of the pool; the rows it returned, counted in
+    /// [`rows_read`](Self::rows_read) and [`take_largest_read`](Self::take_largest_read).
+    async fn fetch_counted(
+        &self,
+        stmts: &Statements,
+        stmt: &Stmt,
+        v: &Vals,
+    ) -> Result<Vec<DB::Row>, BrokerError> {
         let mut conn = acquire(self.pool()?).await?;
         let rows = fetch_in::<DB>(&mut conn, stmt, v, &stmts.table).await?;
         self.inner
@@ -343,7 +377,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         self.inner
             .largest_read
             .fetch_max(rows.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        Ok(rows.iter().map(|r| read::<DB>(r, &stmts.table)).collect())
+        Ok(rows)
     }
 
     /// How many rows this route has read from the database through
@@ -366,8 +400,8 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     }
 
     /// The time in column 0 of a one-row answer (a `MIN` of due times); `None` when there is
-    /// none or it is not a timestamp (a row with a bad due time is dead-lettered by the claim
-    /// that takes it, and counted by `stats`).
+    /// none or it is not a timestamp (a row with a bad due time is returned unreadable by the
+    /// claim that takes it, for the runtime to dead-letter, and counted by `stats`).
     pub(crate) fn first_time(&self, row: &DB::Row, what: &str) -> Option<DateTime<Utc>> {
         self.first_time_at(row, 0, what)
     }
@@ -391,16 +425,6 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 None
             }
         }
-    }
-
-    /// The dead letter of `queue`: the one a mount on it declares, else the default.
-    pub(crate) fn dead_letter_for(&self, queue: &str) -> String {
-        lock(&self.inner.origins)
-            .iter()
-            .filter(|(_, origin)| *origin == queue)
-            .map(|(dead, _)| dead.clone())
-            .min()
-            .unwrap_or_else(|| DeadLetters::default_dead_letter(self, queue))
     }
 }
 
@@ -426,7 +450,17 @@ impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
         order: ClaimOrder,
     ) -> Result<Claimed<SqlReceipt>, BrokerError> {
         let claimed = self.claim_rows(queue, max, wait, order).await;
-        self.broker.noted(claimed).map(Claimed::of)
+        self.broker.noted(claimed)
+    }
+
+    async fn dead_letter_unreadable(
+        &self,
+        queue: &str,
+        item: &Unreadable<SqlReceipt>,
+        target: &str,
+    ) -> Result<Settled, BrokerError> {
+        let moved = self.move_unreadable(queue, item, target).await;
+        self.broker.noted(moved)
     }
 
     async fn renew(&self, queue: &str, receipt: &SqlReceipt) -> Result<bool, BrokerError> {

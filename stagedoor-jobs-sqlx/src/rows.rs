@@ -62,8 +62,8 @@ pub(crate) struct RowRead {
     pub(crate) priority: Priority,
     /// What could not be read: each column, the value found and the fix.
     pub(crate) problem: Option<String>,
-    /// Where the claimed row's version is (Postgres: its `ctid` as text; a claim returns it
-    /// in a tenth column, other reads do not).
+    /// Where the claimed row's version is (Postgres: its `ctid` as text, which a claim
+    /// returns in a tenth column and [`read_claimed`] reads); `None` for other reads.
     pub(crate) ctid: Option<String>,
 }
 
@@ -171,7 +171,7 @@ pub(crate) fn time_at<DB: Driver>(
 }
 
 /// Reads a row column by column (see [`RowRead`]): never fails; what cannot be read is named
-/// in `problem`.
+/// in `problem`. Its `ctid` is `None`: only [`read_claimed`] reads it.
 pub(crate) fn read<DB: Driver>(row: &DB::Row, table: &Table) -> RowRead {
     let mut problems = Vec::new();
     let lease_col = table.locked_until.map_or("locked_until", |c| c.name);
@@ -180,33 +180,14 @@ pub(crate) fn read<DB: Driver>(row: &DB::Row, table: &Table) -> RowRead {
     let id = match DB::text(row, 0) {
         Ok(Some(id)) => id,
         _ => {
-            problems.push(unreadable(
-                table,
-                table.id.name,
-                &shown::<DB>(row, 0),
-                Role::Id,
-            ));
+            let shown = shown::<DB>(row, 0);
+            problems.push(unreadable(table, table.id.name, &shown, Role::Id));
             String::new()
         }
     };
     // Read as BIGINT by every statement; unreadable only as NULL (a fresh count).
     let attempt = DB::int(row, 1).ok().flatten();
-    // A NULL payload is no payload (some drivers read it as empty bytes).
-    let null = DB::is_null(row, 2).unwrap_or(true);
-    let payload = match table.payload.ty {
-        _ if null => None,
-        ColumnType::Bytes => DB::bytes(row, 2).ok().flatten(),
-        _ => DB::text(row, 2).ok().flatten().map(String::into_bytes),
-    };
-    let payload = payload.unwrap_or_else(|| {
-        problems.push(unreadable(
-            table,
-            table.payload.name,
-            &shown::<DB>(row, 2),
-            Role::Payload,
-        ));
-        Vec::new()
-    });
+    let payload = payload_of::<DB>(row, table, &mut problems);
     let mut time = |i: usize, col: &str, nullable: bool| match time_at::<DB>(row, i) {
         Ok(t) => t,
         Err(value) => {
@@ -224,27 +205,7 @@ pub(crate) fn read<DB: Driver>(row: &DB::Row, table: &Table) -> RowRead {
         problems.push(unreadable(table, col, &shown::<DB>(row, 6), Role::Text));
         None
     });
-    // A level outside -2..=2 (a row edited by hand) is no priority: named as a problem (the row
-    // is dead-lettered alone), never clamped to the nearest level.
-    let priority = match table.priority {
-        None => Priority::NORMAL,
-        Some(c) => match DB::int(row, 8) {
-            Ok(None) => Priority::NORMAL,
-            Ok(Some(v)) => Priority::try_from(v).unwrap_or_else(|_| {
-                problems.push(unreadable(table, c.name, &v.to_string(), Role::Priority));
-                Priority::NORMAL
-            }),
-            Err(_) => {
-                problems.push(unreadable(
-                    table,
-                    c.name,
-                    &shown::<DB>(row, 8),
-                    Role::Priority,
-                ));
-                Priority::NORMAL
-            }
-        },
-    };
+    let priority = priority_of::<DB>(row, table, &mut problems);
     RowRead {
         id,
         attempt,
@@ -256,8 +217,53 @@ pub(crate) fn read<DB: Driver>(row: &DB::Row, table: &Table) -> RowRead {
         enqueued_at,
         priority,
         problem: (!problems.is_empty()).then(|| problems.join("; ")),
-        // Only a claim returns it: out of range (an error) elsewhere.
+        ctid: None,
+    }
+}
+
+/// [`read`] of a row a claim returned: with where its version is (Postgres: the `ctid` a
+/// claim returns in a tenth column; SQLite returns none).
+pub(crate) fn read_claimed<DB: Driver>(row: &DB::Row, table: &Table) -> RowRead {
+    RowRead {
         ctid: DB::text(row, 9).ok().flatten(),
+        ..read::<DB>(row, table)
+    }
+}
+
+/// The payload in column 2 of `row`; empty, with a problem added, when it cannot be read.
+fn payload_of<DB: Driver>(row: &DB::Row, table: &Table, problems: &mut Vec<String>) -> Vec<u8> {
+    // A NULL payload is no payload (some drivers read it as empty bytes).
+    let null = DB::is_null(row, 2).unwrap_or(true);
+    let payload = match table.payload.ty {
+        _ if null => None,
+        ColumnType::Bytes => DB::bytes(row, 2).ok().flatten(),
+        _ => DB::text(row, 2).ok().flatten().map(String::into_bytes),
+    };
+    payload.unwrap_or_else(|| {
+        let shown = shown::<DB>(row, 2);
+        problems.push(unreadable(table, table.payload.name, &shown, Role::Payload));
+        Vec::new()
+    })
+}
+
+/// The priority in column 8 of `row`: normal for a table without the column and for a NULL
+/// there. A level outside -2..=2 (a row edited by hand) is no priority: named as a problem
+/// (the row is dead-lettered alone), never clamped to the nearest level.
+fn priority_of<DB: Driver>(row: &DB::Row, table: &Table, problems: &mut Vec<String>) -> Priority {
+    let Some(c) = table.priority else {
+        return Priority::NORMAL;
+    };
+    match DB::int(row, 8) {
+        Ok(None) => Priority::NORMAL,
+        Ok(Some(v)) => Priority::try_from(v).unwrap_or_else(|_| {
+            problems.push(unreadable(table, c.name, &v.to_string(), Role::Priority));
+            Priority::NORMAL
+        }),
+        Err(_) => {
+            let shown = shown::<DB>(row, 8);
+            problems.push(unreadable(table, c.name, &shown, Role::Priority));
+            Priority::NORMAL
+        }
     }
 }
 

@@ -23,17 +23,12 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     /// this route runs, against the mounts on it.
     pub(super) async fn check_mounts(&self, mounts: &[MountInfo]) -> Vec<Problem> {
         let table = self.table();
-        let who = |m: &MountInfo| format!("mount `{}` on queue `{}`", m.subscriber, m.queue);
-        let mut problems = Vec::new();
         let stmts = match &self.inner.stmts {
             Ok(s) => Arc::clone(s),
             Err(ps) => {
                 return ps
                     .iter()
-                    .map(|p| Problem {
-                        mount: format!("table `{}`", table.name),
-                        message: p.clone(),
-                    })
+                    .map(|p| table_problem(table.name, p.clone()))
                     .collect();
             }
         };
@@ -44,133 +39,21 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             }];
         };
         // Each role's column type against what the row's field needs, all at once; when
-        // one is wrong, the statements' preparation below would only add the database's
-        // first error about it.
+        // one is wrong, the statements' preparation would only add the database's first
+        // error about it.
         let column_problems = crate::columns::check::<DB>(pool, table).await;
         let columns_ok = column_problems.is_empty();
-        problems.extend(column_problems.into_iter().map(|message| Problem {
-            mount: format!("table `{}`", table.name),
-            message,
-        }));
-        // Every statement this route will run, prepared against the table now: a
-        // missing or misspelt column stops the service with its name.
-        let named: [(&str, &Stmt); 13] = [
-            ("claim", &stmts.claim),
-            ("claim by priority", &stmts.claim_prio),
-            ("renew", &stmts.renew),
-            ("ack", &stmts.delete_fenced),
-            ("retry", &stmts.retry),
-            ("retry in place", &stmts.retry_keep_place),
-            ("dead letter", &stmts.dead_group),
-            ("publish", &stmts.insert),
-            ("stats", &stmts.stats),
-            ("list", &stmts.list),
-            ("replay", &stmts.replay_group),
-            ("purge", &stmts.purge),
-            ("next due", &stmts.next_due),
-        ];
-        let named: &[(&str, &Stmt)] = if columns_ok { &named } else { &[] };
-        for (name, stmt) in named {
-            if Statements::lacks(stmt) {
-                continue;
-            }
-            if let Err(e) = self.prepare_only(stmt.sql.clone()).await {
-                problems.push(Problem {
-                    mount: format!("table `{}`", table.name),
-                    message: format!(
-                        "the {name} statement does not prepare against the table: {e}: create the table, or make its columns match the fields of `{}`",
-                        std::any::type_name::<Row>()
-                    ),
-                });
-                break;
-            }
+        let mut problems: Vec<Problem> = column_problems
+            .into_iter()
+            .map(|message| table_problem(table.name, message))
+            .collect();
+        if columns_ok {
+            problems.extend(self.statement_problem(&stmts).await);
         }
         for m in mounts {
-            if m.max_attempts.is_some() && table.attempt.is_none() {
-                problems.push(Problem {
-                    mount: who(m),
-                    message: format!(
-                        "max_attempts needs an attempt column, and table `{}` has none: add an integer column with `#[field(attempt)]`",
-                        table.name
-                    ),
-                });
-            }
-            if m.kind.is_some() && table.headers.is_none() {
-                problems.push(Problem {
-                    mount: who(m),
-                    message: format!(
-                        "subscribing to a kind needs a headers column to store it, and table `{}` has none: add `#[field(headers)]`, or give the kind its own group",
-                        table.name
-                    ),
-                });
-            }
-            if table.group.is_none() && m.queue != *self.default_group && m.queue != table.name {
-                problems.push(Problem {
-                    mount: who(m),
-                    message: format!(
-                        "table `{}` has no group column, so its one queue is `{}`: subscribe to that name",
-                        table.name, self.default_group
-                    ),
-                });
-            }
-            if let Some(dead) = &m.dead_letter {
-                lock(&self.inner.origins).insert(dead.clone(), m.queue.clone());
-                if !self.grouped() {
-                    match self.dead_table(dead).await {
-                        Err(e) => problems.push(Problem {
-                            mount: who(m),
-                            message: format!("{e}"),
-                        }),
-                        Ok(dead_stmts) => {
-                            let copy = stmts.copy_into(dead, true);
-                            if let Err(e) = self.prepare_only(copy.sql.clone()).await {
-                                problems.push(Problem {
-                                    mount: who(m),
-                                    message: format!(
-                                        "the dead-letter table `{dead}` cannot take rows of `{}`: {e}: create it with the same columns",
-                                        table.name
-                                    ),
-                                });
-                            } else {
-                                for message in
-                                    crate::columns::check_dead_table::<DB>(pool, &dead_stmts.table)
-                                        .await
-                                {
-                                    problems.push(Problem {
-                                        mount: who(m),
-                                        message: format!("dead-letter table `{dead}`: {message}"),
-                                    });
-                                }
-                            }
-                        }
-                    }
-                }
-            }
+            problems.extend(self.mount_problems(m, &stmts, pool).await);
         }
-        // A dead letter moved to another table keeps its id (a replay brings it back
-        // with it). SQLite gives a new row the id of a deleted one unless the id column
-        // is AUTOINCREMENT, so a later row could take the id of a dead letter: it could
-        // then never be moved into the dead table (the copy conflicts; the row is claimed
-        // again after every lease, forever), nor that dead letter be replayed.
-        if !self.grouped()
-            && table.id.generated
-            && table.id.ty == ColumnType::Integer
-            && mounts.iter().any(|m| m.dead_letter.is_some())
-        {
-            let reuses = match acquire(pool).await {
-                Ok(mut conn) => DB::reuses_ids(&mut conn, table).await,
-                Err(_) => None,
-            };
-            if reuses == Some(true) {
-                problems.push(Problem {
-                    mount: format!("table `{}`", table.name),
-                    message: format!(
-                        "its dead letters move to another table with their ids, and SQLite gives new rows the ids of deleted ones unless the id is declared `{} INTEGER PRIMARY KEY AUTOINCREMENT`: a row that takes a dead letter's id could never be dead-lettered; declare the id column so",
-                        table.id.name
-                    ),
-                });
-            }
-        }
+        problems.extend(self.id_reuse_problem(mounts, pool).await);
         if DB::FLAVOR == Flavor::Postgres && problems.is_empty() {
             let dead_tables: Vec<&str> = if self.grouped() {
                 Vec::new()
@@ -189,6 +72,138 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             );
         }
         problems
+    }
+
+    /// Every statement this route will run, prepared against the table now: a missing or
+    /// misspelt column stops the service with its name (the first statement that fails).
+    async fn statement_problem(&self, stmts: &Statements) -> Option<Problem> {
+        let named: [(&str, &Stmt); 13] = [
+            ("claim", &stmts.claim),
+            ("claim by priority", &stmts.claim_prio),
+            ("renew", &stmts.renew),
+            ("ack", &stmts.delete_fenced),
+            ("retry", &stmts.retry),
+            ("retry in place", &stmts.retry_keep_place),
+            ("dead letter", &stmts.dead_group),
+            ("publish", &stmts.insert),
+            ("stats", &stmts.stats),
+            ("list", &stmts.list),
+            ("replay", &stmts.replay_group),
+            ("purge", &stmts.purge),
+            ("next due", &stmts.next_due),
+        ];
+        for (name, stmt) in named {
+            if Statements::lacks(stmt) {
+                continue;
+            }
+            if let Err(e) = self.prepare_only(stmt.sql.clone()).await {
+                let message = format!(
+                    "the {name} statement does not prepare against the table: {e}: create the table, or make its columns match the fields of `{}`",
+                    std::any::type_name::<Row>()
+                );
+                return Some(table_problem(self.table().name, message));
+            }
+        }
+        None
+    }
+
+    /// What mount `m` needs of the table (an attempt column for a cap, a headers column for a
+    /// kind, its queue on a table without groups, a dead-letter table that can take its rows).
+    /// Records the dead letter it declares, for listings.
+    async fn mount_problems(
+        &self,
+        m: &MountInfo,
+        stmts: &Statements,
+        pool: &sqlx::Pool<DB>,
+    ) -> Vec<Problem> {
+        let table = self.table();
+        let mut messages = Vec::new();
+        if m.max_attempts.is_some() && table.attempt.is_none() {
+            messages.push(format!(
+                "max_attempts needs an attempt column, and table `{}` has none: add an integer column with `#[field(attempt)]`",
+                table.name
+            ));
+        }
+        if m.kind.is_some() && table.headers.is_none() {
+            messages.push(format!(
+                "subscribing to a kind needs a headers column to store it, and table `{}` has none: add `#[field(headers)]`, or give the kind its own group",
+                table.name
+            ));
+        }
+        if table.group.is_none() && m.queue != *self.default_group && m.queue != table.name {
+            messages.push(format!(
+                "table `{}` has no group column, so its one queue is `{}`: subscribe to that name",
+                table.name, self.default_group
+            ));
+        }
+        if let Some(dead) = &m.dead_letter {
+            lock(&self.inner.declared_dead).insert(dead.clone(), m.queue.clone());
+            if !self.grouped() {
+                messages.extend(self.dead_table_problems(dead, stmts, pool).await);
+            }
+        }
+        let mount = format!("mount `{}` on queue `{}`", m.subscriber, m.queue);
+        messages
+            .into_iter()
+            .map(|message| Problem {
+                mount: mount.clone(),
+                message,
+            })
+            .collect()
+    }
+
+    /// Whether the dead-letter table `dead` exists and can take this table's rows (the copy
+    /// prepares, its columns are what a dead letter needs).
+    async fn dead_table_problems(
+        &self,
+        dead: &str,
+        stmts: &Statements,
+        pool: &sqlx::Pool<DB>,
+    ) -> Vec<String> {
+        let dead_stmts = match self.dead_table(dead).await {
+            Err(e) => return vec![format!("{e}")],
+            Ok(s) => s,
+        };
+        let copy = stmts.copy_into(dead, true);
+        if let Err(e) = self.prepare_only(copy.sql.clone()).await {
+            return vec![format!(
+                "the dead-letter table `{dead}` cannot take rows of `{}`: {e}: create it with the same columns",
+                self.table().name
+            )];
+        }
+        crate::columns::check_dead_table::<DB>(pool, &dead_stmts.table)
+            .await
+            .into_iter()
+            .map(|message| format!("dead-letter table `{dead}`: {message}"))
+            .collect()
+    }
+
+    /// A dead letter moved to another table keeps its id (a replay brings it back with it).
+    /// SQLite gives a new row the id of a deleted one unless the id column is AUTOINCREMENT,
+    /// so a later row could take the id of a dead letter: it could then never be moved into
+    /// the dead table (the copy conflicts; the row is claimed again after every lease,
+    /// forever), nor that dead letter be replayed.
+    async fn id_reuse_problem(
+        &self,
+        mounts: &[MountInfo],
+        pool: &sqlx::Pool<DB>,
+    ) -> Option<Problem> {
+        let table = self.table();
+        if self.grouped()
+            || !table.id.generated
+            || table.id.ty != ColumnType::Integer
+            || !mounts.iter().any(|m| m.dead_letter.is_some())
+        {
+            return None;
+        }
+        let reuses = match acquire(pool).await {
+            Ok(mut conn) => DB::reuses_ids(&mut conn, table).await,
+            Err(_) => None,
+        };
+        (reuses == Some(true)).then(|| table_problem(table.name, format!(
+            "its dead letters move to another table with their ids, and SQLite gives new rows the ids of deleted ones unless the id is declared `{} INTEGER PRIMARY KEY AUTOINCREMENT`: a row that takes a dead letter's id could never be dead-lettered; declare the id column so",
+            table.id.name
+        )))
     }
 
     /// What the connected role may not do that a service needs (Postgres): read and change
@@ -398,4 +413,12 @@ async fn bookkeeping_problems<DB: Dialect>(
         }
     }
     Ok(problems)
+}
+
+/// A problem of table `name` itself.
+fn table_problem(name: &str, message: String) -> Problem {
+    Problem {
+        mount: format!("table `{name}`"),
+        message,
+    }
 }

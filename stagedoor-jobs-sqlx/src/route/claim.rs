@@ -1,24 +1,22 @@
 //! Claiming rows: the claim statement (the highest priority first on a table with a priority
 //! column, in due order when the runtime asks; bounded by the queue's floor on
 //! Postgres; serialised per group for FIFO tables), waiting when nothing is due (until a wake-up, the next due time
-//! or the poll interval), dead-lettering rows that cannot be read, and renewing a delivery's
-//! lease (its heartbeat).
+//! or the poll interval), returning rows that cannot be read as unreadable items (see
+//! `route/unreadable.rs`), and renewing a delivery's lease (its heartbeat).
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use stagedoor_jobs::broker::{
-    Broker, BrokerError, ClaimOrder, Delivery, Inspect, Settled, Settlement,
-};
+use stagedoor_jobs::Inbox;
+use stagedoor_jobs::broker::{BrokerError, ClaimOrder, Claimed, Delivery, Inspect};
 use stagedoor_jobs::kit::{ClockWatch, lock};
-use stagedoor_jobs::{Failure, FailureCause, Inbox};
 
 use super::{Idle, SqlxRoute, fetch_in, run_in};
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::floor::Plan;
 use crate::headers::HeaderDoc;
 use crate::receipt::{IdValue, SqlReceipt};
-use crate::rows::{RowRead, Vals, read};
+use crate::rows::{RowRead, Vals, read_claimed};
 use crate::sql::Statements;
 
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
@@ -28,7 +26,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         max: usize,
         wait: Duration,
         order: ClaimOrder,
-    ) -> Result<Vec<Delivery<SqlReceipt>>, BrokerError> {
+    ) -> Result<Claimed<SqlReceipt>, BrokerError> {
         let stmts = self.stmts_for(queue).await?;
         let deadline = tokio::time::Instant::now() + wait;
         let mut clock = ClockWatch::new(&self.broker.clock());
@@ -51,10 +49,6 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 idle.is_some_and(|i| i.wakes == wakes && tokio::time::Instant::now() < i.until);
             if !quiet {
                 match self.claim_once(&stmts, queue, max, order).await? {
-                    Taken::Rows(out) if out.is_empty() => {
-                        // Every row claimed was unreadable, and is gone: claim again.
-                        continue;
-                    }
                     Taken::Rows(out) => return Ok(out),
                     Taken::None(plan) => {
                         if self
@@ -68,7 +62,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
-                return Ok(Vec::new());
+                return Ok(Claimed::of(Vec::new()));
             }
             let until = lock(&self.inner.idle).get(queue).map(|i| i.until);
             let nap = until.map_or(left, |u| {
@@ -87,8 +81,8 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         }
     }
 
-    /// One claim statement: the rows it took made deliveries (an unreadable one
-    /// dead-lettered), or, when it took none, the plan it was made with.
+    /// One claim statement: the rows it took made deliveries (an unreadable one an
+    /// unreadable item), or, when it took none, the plan it was made with.
     async fn claim_once(
         &self,
         stmts: &Statements,
@@ -148,14 +142,14 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         // Nothing due: on SQLite, look for rows whose `retry_after` is no timestamp
         // and would wait forever (see `Statements::claim_strays`).
         let rows = if rows.is_empty() && !Statements::lacks(&stmts.claim_strays) {
-            self.fetch(stmts, &stmts.claim_strays, &v).await?
+            self.fetch_claimed(stmts, &stmts.claim_strays, &v).await?
         } else {
             rows
         };
         if rows.is_empty() {
             return Ok(Taken::None(plan));
         }
-        let out = self.deliveries_of(stmts, queue, rows, lease).await;
+        let out = self.deliveries_of(stmts, queue, rows, lease);
         lock(&self.inner.idle).remove(queue);
         Ok(Taken::Rows(out))
     }
@@ -180,7 +174,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             tx.commit().await.map_err(db_err)?;
             return Ok(rows
                 .iter()
-                .map(|r| read::<DB>(r, &stmts.table))
+                .map(|r| read_claimed::<DB>(r, &stmts.table))
                 .collect::<Vec<_>>());
         }
         let stmt = match (plan, by_priority) {
@@ -189,32 +183,32 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
             (Plan::From(_), true) => &stmts.claim_prio_from,
             (Plan::Full, true) => &stmts.claim_prio,
         };
-        self.fetch(stmts, stmt, v).await
+        self.fetch_claimed(stmts, stmt, v).await
     }
 
-    /// The deliveries of the rows a claim took; a row that cannot be read is dead-lettered by
-    /// itself, and the others of the claim run.
-    async fn deliveries_of(
+    /// The deliveries of the rows a claim took; a row that cannot be read is an unreadable
+    /// item (the runtime dead-letters it by itself), and the others of the claim run.
+    fn deliveries_of(
         &self,
         stmts: &Statements,
         queue: &str,
         rows: Vec<RowRead>,
         lease: DateTime<Utc>,
-    ) -> Vec<Delivery<SqlReceipt>> {
-        let mut out = Vec::with_capacity(rows.len());
+    ) -> Claimed<SqlReceipt> {
+        let mut out = Claimed::of(Vec::with_capacity(rows.len()));
         for mut r in rows {
             // An id the table's type does not describe (a text in an SQLite
             // integer column) is fenced on as it reads.
             let id =
                 IdValue::parse(&stmts.table, &r.id).unwrap_or_else(|_| IdValue::Text(r.id.clone()));
             if let Some(problem) = r.problem.take() {
-                self.dead_letter_unreadable(queue, r, id, lease, &problem)
-                    .await;
+                let item = self.unreadable_of(queue, &r, id, lease, &problem);
+                out.unreadable.push(item);
                 continue;
             }
             let doc = HeaderDoc::parse(r.headers.as_deref());
             let envelope = self.envelope_of(queue, &r, &doc);
-            out.push(Delivery::new(
+            out.deliveries.push(Delivery::new(
                 envelope,
                 SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
             ));
@@ -287,48 +281,6 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         }
     }
 
-    /// with an error that names the column, its value and the fix: the rows claimed
-    /// with it run, and it never comes back to fail a claim again. If the move
-    /// fails, it stays leased and is claimed again after its lease.
-    async fn dead_letter_unreadable(
-        &self,
-        queue: &str,
-        r: RowRead,
-        id: IdValue,
-        lease: DateTime<Utc>,
-        problem: &str,
-    ) {
-        let doc = HeaderDoc::parse(r.headers.as_deref());
-        let envelope = self.envelope_of(queue, &r, &doc);
-        let target = self.dead_letter_for(queue);
-        let error = format!(
-            "the stored job (row {}) cannot be read, so it was dead-lettered without running: {problem}; then replay it",
-            r.id
-        );
-        tracing::error!(queue, row = %r.id, dead_letter = %target, "{error}");
-        let delivery = Delivery::new(
-            envelope,
-            SqlReceipt::new(id, r.lease.unwrap_or(lease), r.ctid.clone()),
-        );
-        let failure = Failure::new(FailureCause::Decode, error, String::new());
-        match Broker::settle(
-            self,
-            queue,
-            &delivery,
-            Settlement::DeadLetter { target, failure },
-        )
-        .await
-        {
-            Ok(Settled::Done) => {}
-            Ok(Settled::LeaseLost) => {
-                tracing::warn!(queue, row = %r.id, "an unreadable row was claimed by another worker before it could be dead-lettered")
-            }
-            Err(e) => {
-                tracing::error!(queue, row = %r.id, error = %e, "could not move an unreadable row to its dead letter: it is claimed again after its lease")
-            }
-        }
-    }
-
     /// When the next row of `queue` becomes claimable; above the floor only when the
     /// claim just made looked only there (rows below wait for the next full claim).
     async fn next_due_from(
@@ -382,8 +334,8 @@ async fn renew_in<DB: Dialect>(
 
 /// What one claim statement took.
 enum Taken {
-    /// The deliveries of the rows it took (empty when every one was unreadable).
-    Rows(Vec<Delivery<SqlReceipt>>),
+    /// The deliveries and unreadable items of the rows it took (at least one).
+    Rows(Claimed<SqlReceipt>),
     /// Nothing: the plan it was made with.
     None(Plan),
 }

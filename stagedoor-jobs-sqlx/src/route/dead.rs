@@ -188,7 +188,7 @@ impl<DB: Dialect, Row: Inbox> DeadLetters for SqlxRoute<DB, Row> {
                 self.default_dead_letter(dead)
             )));
         }
-        let declared: Vec<String> = lock(&self.inner.origins).keys().cloned().collect();
+        let declared: Vec<String> = lock(&self.inner.declared_dead).keys().cloned().collect();
         let suffix = if self.grouped() { ".dead" } else { "_dead" };
         stagedoor_jobs::broker::ensure_dead_letter(self, dead, suffix, &declared).await
     }

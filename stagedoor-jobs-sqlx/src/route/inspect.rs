@@ -76,7 +76,7 @@ impl<DB: Dialect, Row: Inbox> Inspect for SqlxRoute<DB, Row> {
             }
             None => vec![self.default_group.to_string()],
         };
-        for m in lock(&self.inner.origins).keys() {
+        for m in lock(&self.inner.declared_dead).keys() {
             names.push(m.clone());
         }
         names.sort();
