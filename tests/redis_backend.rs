@@ -1387,7 +1387,11 @@ async fn claims_never_settled_end_in_the_dead_stream(on: On) {
     let broker = fx.broker().max_deliveries(3);
     broker.connect().await.expect("connect");
     broker.prepare(QUEUE).await.expect("prepare");
-    assert_eq!(broker.poison_count(), 3, "max_deliveries sets the poison count");
+    assert_eq!(
+        broker.poison_count(),
+        3,
+        "max_deliveries sets the poison count"
+    );
     let env = Envelope::new("send_email", b"{}".to_vec(), Utc::now());
     let id = env.id().to_string();
     broker
