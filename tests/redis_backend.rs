@@ -1379,47 +1379,50 @@ async fn an_entry_delivered_max_deliveries_times_is_dead_lettered_without_runnin
 }
 
 /// The same through the broker's own claims: claimed 3 times (each lease left to expire) and
-/// never settled, the job is not returned a 4th time but is in the dead stream.
+/// never settled, the job's 4th delivery reports its count (`delivered` 4, past the broker's
+/// poison count 3), and a worker's runtime dead-lettered it without running it.
 async fn claims_never_settled_end_in_the_dead_stream(on: On) {
     let fx = Fx::new(on).await;
+    let log = Arc::new(Log::default());
     let broker = fx.broker().max_deliveries(3);
     broker.connect().await.expect("connect");
     broker.prepare(QUEUE).await.expect("prepare");
+    assert_eq!(
+        broker.poison_count(),
+        3,
+        "max_deliveries sets the poison count"
+    );
     let env = Envelope::new("send_email", b"{}".to_vec(), Utc::now());
     let id = env.id().to_string();
     broker
         .publish(QUEUE, vec![(env, None)])
         .await
         .expect("publish");
-    let mut attempts = Vec::new();
+    let mut seen = Vec::new();
     for _ in 0..3 {
         let got = claim_one(&broker).await;
         assert_eq!(got.envelope.id().as_str(), id);
-        attempts.push(got.envelope.attempt());
+        seen.push((got.envelope.attempt(), got.delivered));
         // Not settled: the lease lapses, as if the worker died.
         tokio::time::sleep(LEASE + Duration::from_millis(100)).await;
     }
-    assert_eq!(attempts, [1, 2, 3], "each claim is one attempt more");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    while tokio::time::Instant::now() < deadline {
-        let more = broker
-            .claim(
-                QUEUE,
-                10,
-                Duration::from_millis(100),
-                stagedoor_jobs::broker::ClaimOrder::Priority,
-            )
-            .await
-            .expect("claim");
-        assert!(more.is_empty(), "not delivered a 4th time: {more:?}");
-        if fx.xlen(&fx.key(":dead")).await == 1 {
-            break;
-        }
-    }
+    assert_eq!(
+        seen,
+        [(1, Some(1)), (2, Some(2)), (3, Some(3))],
+        "each claim is one attempt and one delivery more"
+    );
+    let running = start(seed_worker(broker, &log)).await;
+    eventually("the job is dead", PATIENCE, || async {
+        fx.xlen(&fx.key(":dead")).await == 1
+    })
+    .await;
+    assert!(log.runs_of(&id).is_empty(), "not run a 4th time");
     let d = &fx.dead().await[0];
     assert_eq!(d["job_id"], id);
     assert!(d["error"].contains("delivered 4 times"), "{}", d["error"]);
+    assert_eq!(d["attempts"], "3", "3 deliveries spent");
     fx.assert_stream_empty("after the claims").await;
+    running.shutdown().await;
 }
 
 async fn claim_one(broker: &RedisBroker) -> Delivery<RedisReceipt> {

@@ -28,7 +28,7 @@ use chrono::Utc;
 use common_redis::{Raw, cluster_urls, env_url};
 use redis::{Cmd, Value, cmd};
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, DeadLetters, DeadSelector, Delivery, Inspect, Settled, Settlement,
+    Broker, BrokerError, Claimed, DeadLetters, DeadSelector, Delivery, Inspect, Settled, Settlement,
 };
 use stagedoor_jobs::{Envelope, Failure, FailureCause, Headers};
 use stagedoor_jobs_redis::{RedisBroker, RedisReceipt};
@@ -205,6 +205,34 @@ fn ids(ds: &[Delivery<RedisReceipt>]) -> Vec<String> {
     let mut v: Vec<String> = ds.iter().map(|d| d.envelope.id().to_string()).collect();
     v.sort();
     v
+}
+
+/// What a worker's runtime does with a claim's items that must not run (its rules are
+/// `stagedoor-jobs/src/runtime/arrival.rs` and `unreadable.rs`): each unreadable item moved to
+/// the queue's dead stream, each delivery past the broker's poison count dead-lettered. The
+/// deliveries that run are returned; the first error is returned as it is.
+async fn refuse_as_the_runtime(
+    b: &RedisBroker,
+    got: Claimed<RedisReceipt>,
+) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+    let dead = b.default_dead_letter(QUEUE);
+    for item in &got.unreadable {
+        b.dead_letter_unreadable(QUEUE, item, &dead).await?;
+    }
+    let mut run = Vec::new();
+    for d in got.deliveries {
+        match d.delivered.filter(|n| *n > b.poison_count()) {
+            Some(n) => {
+                let error = format!("delivered {n} times without being settled");
+                let failure = Failure::new(FailureCause::Poison, error, "");
+                let target = dead.clone();
+                b.settle(QUEUE, &d, Settlement::DeadLetter { target, failure })
+                    .await?;
+            }
+            None => run.push(d),
+        }
+    }
+    Ok(run)
 }
 
 fn job(id: &str) -> Envelope {
@@ -669,9 +697,10 @@ async fn cluster_a_job_with_thousands_of_headers_goes_everywhere() {
     a_job_with_thousands_of_headers_goes_everywhere(On::Cluster).await;
 }
 
-/// A big job whose worker died is reclaimed and, past `max_deliveries`, dead-lettered by the
-/// reclaim script with every header; a big entry added by hand without a `kind` is
-/// dead-lettered as malformed by the claim. Neither fails the claim.
+/// A big job whose worker died is reclaimed with its delivery count and, past
+/// `max_deliveries`, dead-lettered (the runtime's rule) with every header; a big entry added by
+/// hand without a `kind` is returned unreadable and dead-lettered with every field. Neither
+/// fails the claim.
 #[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn big_jobs_are_reclaimed_and_dead_lettered() {
@@ -705,7 +734,14 @@ async fn big_jobs_are_reclaimed_and_dead_lettered() {
             )
             .await
             .unwrap_or_else(|e| panic!("every claim succeeds: {e}"));
-        assert!(got.is_empty(), "nothing runs: {:?}", ids(&got));
+        if let Some(d) = got.deliveries.first() {
+            assert_eq!(d.delivered, Some(2), "its second delivery");
+            assert_big(d, "orphan");
+        }
+        let run = refuse_as_the_runtime(&other, got)
+            .await
+            .unwrap_or_else(|e| panic!("every dead letter is written: {e}"));
+        assert!(run.is_empty(), "nothing runs: {:?}", ids(&run));
     }
     let dead = fx.dead().await;
     let by_job: BTreeMap<String, &BTreeMap<String, Vec<u8>>> =
@@ -830,13 +866,13 @@ async fn a_big_delayed_job_is_moved() {
 
 /// The reclaim script, facing a dead stream of the wrong type, used to claim the idle entries
 /// (`XAUTOCLAIM`, their delivery counted) and then fail: every claim failed, and the entries
-/// stayed with this consumer, never delivered, a delivery spent. Now it fails before claiming
-/// anything, the claim goes on, and once the key is fixed the entry is reclaimed with the
-/// right count.
+/// stayed with this consumer, never delivered, a delivery spent. Now the reclaim touches no
+/// dead stream: the entry comes back with its delivery count, its dead letter (the runtime's
+/// poison count) fails naming the key and writes nothing, and once the key is fixed it is
+/// dead-lettered from the same delivery.
 #[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaim_facing_a_dead_stream_of_the_wrong_type() {
-    logs();
     let fx = Fx::new(On::Standalone).await;
     assert!(fx.publish(job("orphan"), None).await.expect("publish"));
     let got = fx.claim_n(1, Duration::from_secs(5)).await;
@@ -845,27 +881,9 @@ async fn a_reclaim_facing_a_dead_stream_of_the_wrong_type() {
     let _: () = fx.q(cmd("SET").arg(&dead).arg("oops")).await;
     tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
     let other = fx.other_broker(1).await;
-    let got = other
-        .claim(
-            QUEUE,
-            10,
-            Duration::from_millis(100),
-            stagedoor_jobs::broker::ClaimOrder::Priority,
-        )
-        .await
-        .unwrap_or_else(|e| panic!("the claim goes on: {e}"));
-    assert!(got.is_empty(), "{:?}", ids(&got));
-    let lines = logged(&dead);
-    assert!(
-        lines
-            .iter()
-            .any(|l| l.contains("ERROR") && l.contains("DEL")),
-        "logged, naming the key and the fix: {lines:#?}"
-    );
-    let _: i64 = fx.q(cmd("DEL").arg(&dead)).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while fx.dead().await.is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "dead-lettered");
+    let got = loop {
+        assert!(tokio::time::Instant::now() < deadline, "reclaimed");
         let got = other
             .claim(
                 QUEUE,
@@ -874,14 +892,37 @@ async fn a_reclaim_facing_a_dead_stream_of_the_wrong_type() {
                 stagedoor_jobs::broker::ClaimOrder::Priority,
             )
             .await
-            .expect("claim");
-        assert!(got.is_empty(), "{:?}", ids(&got));
-    }
-    let error = text(&fx.dead().await[0], "error");
-    assert!(
-        error.contains("delivered 2 times"),
-        "no delivery was spent by the failed reclaim: {error}"
+            .unwrap_or_else(|e| panic!("the claim goes on: {e}"));
+        if !got.is_empty() {
+            break got;
+        }
+    };
+    assert_eq!(ids(&got), ["orphan"]);
+    assert_eq!(
+        got[0].delivered,
+        Some(2),
+        "no delivery spent by the reclaim"
     );
+    let failure = Failure::new(FailureCause::Poison, "delivered 2 times", "");
+    let target = other.default_dead_letter(QUEUE);
+    let dead_letter = || Settlement::DeadLetter {
+        target: target.clone(),
+        failure: failure.clone(),
+    };
+    let e = other
+        .settle(QUEUE, &got[0], dead_letter())
+        .await
+        .expect_err("the dead stream is not a stream");
+    assert!(e.to_string().contains(&dead), "names the key: {e}");
+    let _: i64 = fx.q(cmd("DEL").arg(&dead)).await;
+    let settled = other
+        .settle(QUEUE, &got[0], dead_letter())
+        .await
+        .expect("dead-lettered once the key is fixed");
+    assert_eq!(settled, Settled::Done);
+    let letters = fx.dead().await;
+    assert_eq!(letters.len(), 1, "once");
+    assert!(text(&letters[0], "error").contains("delivered 2 times"));
 }
 
 /// A mover's lock of the wrong type (a hash) used to read as a lock held forever: no delayed
@@ -926,9 +967,10 @@ async fn a_mover_lock_of_the_wrong_type_is_reported() {
     assert_eq!(ids(&got), ["later"]);
 }
 
-/// Dead-lettering a malformed entry at claim time, facing an ids set of the wrong type, used
-/// to write the dead letter, acknowledge and delete the entry, then fail. Now it fails before
-/// writing anything, naming the key; once fixed, the entry is dead-lettered once.
+/// Dead-lettering a malformed entry, facing an ids set of the wrong type, used to write the
+/// dead letter, acknowledge and delete the entry, then fail. Now the claim returns it as
+/// unreadable, and its dead letter fails before writing anything, naming the key; once fixed,
+/// the entry is dead-lettered once.
 #[ignore = "needs Redis: run scripts/test-all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_claim_time_dead_letter_writes_nothing() {
@@ -943,7 +985,7 @@ async fn a_failed_claim_time_dead_letter_writes_nothing() {
     let _: String = fx.q(&add).await;
     let ids_key = fx.key(":ids");
     let _: () = fx.q(cmd("SET").arg(&ids_key).arg("oops")).await;
-    let e = fx
+    let got = fx
         .broker
         .claim(
             QUEUE,
@@ -952,26 +994,27 @@ async fn a_failed_claim_time_dead_letter_writes_nothing() {
             stagedoor_jobs::broker::ClaimOrder::Priority,
         )
         .await
+        .expect("the claim reads the entry");
+    assert!(got.deliveries.is_empty(), "{:?}", ids(&got));
+    let [item] = &got.unreadable[..] else {
+        panic!("one unreadable item: {:?}", got.unreadable);
+    };
+    assert!(item.error.contains("`kind`"), "{}", item.error);
+    let target = fx.broker.default_dead_letter(QUEUE);
+    let e = fx
+        .broker
+        .dead_letter_unreadable(QUEUE, item, &target)
+        .await
         .expect_err("the dead letter fails");
     assert!(fx.dead().await.is_empty(), "nothing was written: {e}");
     assert!(e.to_string().contains(&ids_key), "names the key: {e}");
     let _: i64 = fx.q(cmd("DEL").arg(&ids_key)).await;
-    tokio::time::sleep(LEASE + Duration::from_millis(200)).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while fx.dead().await.is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "dead-lettered");
-        let got = fx
-            .broker
-            .claim(
-                QUEUE,
-                10,
-                Duration::from_millis(100),
-                stagedoor_jobs::broker::ClaimOrder::Priority,
-            )
-            .await
-            .expect("claim");
-        assert!(got.is_empty(), "{:?}", ids(&got));
-    }
+    let settled = fx
+        .broker
+        .dead_letter_unreadable(QUEUE, item, &target)
+        .await
+        .expect("dead-lettered once the key is fixed");
+    assert_eq!(settled, Settled::Done);
     let dead = fx.dead().await;
     assert_eq!(dead.len(), 1, "once");
     assert!(text(&dead[0], "error").contains("`kind`"));

@@ -33,8 +33,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport};
 use stagedoor_jobs::broker::{
-    Broker, BrokerError, ClaimOrder, DEFAULT_LEASE, DeadLetter, DeadSelector, Delivery, MountInfo,
-    Permits, Problem, Published, QueueStats, ReplayReport, Settled, Settlement,
+    Broker, BrokerError, ClaimOrder, Claimed, DEFAULT_LEASE, DEFAULT_POISON_COUNT, DeadLetter,
+    DeadSelector, Delivery, MountInfo, Permits, Problem, Published, QueueStats, ReplayReport,
+    Settled, Settlement, Unreadable,
 };
 use stagedoor_jobs::{Activity, Clock, Envelope, Priority};
 use tokio::sync::OnceCell;
@@ -72,6 +73,8 @@ pub(crate) const DEAD_MAXLEN: u64 = 10_000;
 pub struct RedisBroker {
     pub(crate) inner: Arc<Inner>,
     pub(crate) lease: Duration,
+    /// The poison count ([`max_deliveries`](Self::max_deliveries)), which
+    /// [`Broker::poison_count`] answers.
     pub(crate) max_deliveries: u32,
     pub(crate) namespace: String,
 }
@@ -105,18 +108,6 @@ pub(crate) struct Inner {
     pub(crate) keys: Mutex<HashMap<String, HashMap<String, Arc<Keys>>>>,
     /// Per stream, the task that settles deliveries in batches.
     pub(crate) settles: stagedoor_jobs::kit::Batchers<SettleReq>,
-    /// Per queue, the caps of its mounts that have a dead letter (told by [`Broker::check`]
-    /// at startup): an entry whose `attempts` field alone reaches its mount's cap is
-    /// dead-lettered at claim time, saying so.
-    pub(crate) caps: Mutex<HashMap<String, Vec<Cap>>>,
-}
-
-/// The cap of one mount with a dead letter.
-#[derive(Clone, Debug)]
-pub(crate) struct Cap {
-    pub(crate) subscriber: String,
-    pub(crate) kind: Option<String>,
-    pub(crate) max_attempts: u32,
 }
 
 /// A delivery's receipt: its entry, the delivery count it was claimed with (the fence), and
@@ -170,10 +161,9 @@ impl RedisBroker {
                 dead_read_largest: AtomicU64::new(0),
                 settles: stagedoor_jobs::kit::Batchers::new(),
                 keys: Mutex::new(HashMap::new()),
-                caps: Mutex::new(HashMap::new()),
             }),
             lease: DEFAULT_LEASE,
-            max_deliveries: 3,
+            max_deliveries: DEFAULT_POISON_COUNT,
             namespace: String::new(),
         }
     }
@@ -191,8 +181,11 @@ impl RedisBroker {
         self
     }
 
-    /// How many deliveries an entry may have without being settled (each one a worker that
-    /// died) before it goes to the dead stream without running again (default 3).
+    /// Sets the broker's poison count ([`Broker::poison_count`], default
+    /// [`DEFAULT_POISON_COUNT`], 3; at least 1): how many deliveries an entry may have without
+    /// being settled (each one a worker that died) before the runtime dead-letters it without
+    /// running it again. Each delivery reports the entry's delivery count
+    /// ([`Delivery::delivered`]); the decision is the runtime's.
     pub fn max_deliveries(mut self, n: u32) -> Self {
         self.max_deliveries = n.max(1);
         self
@@ -447,9 +440,24 @@ impl Broker for RedisBroker {
         max: usize,
         wait: Duration,
         order: ClaimOrder,
-    ) -> Result<stagedoor_jobs::broker::Claimed<RedisReceipt>, BrokerError> {
-        let claimed = self.claim(queue, max, wait, order).await?;
-        Ok(stagedoor_jobs::broker::Claimed::of(claimed))
+    ) -> Result<Claimed<RedisReceipt>, BrokerError> {
+        self.claim(queue, max, wait, order).await
+    }
+
+    /// Moves the entry to the dead stream `target` (the queue's own: see `check`) in one
+    /// script, fenced on its delivery count, with every field kept as it was (a malformed
+    /// `attempts` field too) and the item's error.
+    async fn dead_letter_unreadable(
+        &self,
+        queue: &str,
+        item: &Unreadable<RedisReceipt>,
+        target: &str,
+    ) -> Result<Settled, BrokerError> {
+        self.dead_letter_unreadable(queue, item, target).await
+    }
+
+    fn poison_count(&self) -> u32 {
+        self.max_deliveries
     }
 
     async fn renew(&self, queue: &str, receipt: &RedisReceipt) -> Result<bool, BrokerError> {

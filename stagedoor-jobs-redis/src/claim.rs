@@ -1,6 +1,8 @@
 //! Claiming: new entries read by the group (blocking up to the wait), entries idle past the
 //! lease reclaimed, delayed jobs that are due moved to the stream by the mover, and each
-//! entry made a delivery, or dead-lettered when it cannot run (malformed, or its cap spent).
+//! entry made a delivery (with its delivery count and where its spent attempts were read) or,
+//! when it cannot be read as a job, an unreadable item. What becomes of either is the
+//! runtime's decision (`stagedoor-jobs/src/runtime/arrival.rs`, `runtime/unreadable.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,10 +10,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use redis::{Value, cmd};
 use stagedoor_jobs::Priority;
-use stagedoor_jobs::broker::{BrokerError, ClaimOrder, Delivery};
+use stagedoor_jobs::broker::{BrokerError, ClaimOrder, Claimed, Delivery, Unreadable};
 use stagedoor_jobs::kit::lock;
 
-use crate::broker::{Cap, DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, ms};
+use crate::broker::{DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, ms};
 use crate::entry::{self, Fields};
 use crate::keys::Keys;
 use crate::scripts;
@@ -33,108 +35,33 @@ pub(crate) struct Moved {
 
 impl RedisBroker {
     /// [`Broker::claim`](stagedoor_jobs::broker::Broker::claim) on Redis (the trait's impl
-    /// in `broker.rs` calls this).
+    /// in `broker.rs` calls this): reclaimed entries, then new ones of each level in use.
     pub(crate) async fn claim(
         &self,
         queue: &str,
         max: usize,
         wait: Duration,
         order: ClaimOrder,
-    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
-        self.claim_levels(queue, max, wait, order).await
-    }
-
-    /// The claim: reclaimed entries, then new ones of each level in use.
-    async fn claim_levels(
-        &self,
-        queue: &str,
-        max: usize,
-        wait: Duration,
-        order: ClaimOrder,
-    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+    ) -> Result<Claimed<RedisReceipt>, BrokerError> {
         // The priority levels to read, highest first: normal alone for a queue that never saw
         // another (its claim is one read, as it always was).
         let mut levels = self.levels_in_use(queue).await?;
         let now = tokio::time::Instant::now();
         let hk = self.housekeeping(queue);
-        let mut out = Vec::new();
-        let mut next_delayed = hk.next_delayed;
-        let mut reclaimed_at = hk.reclaimed_at;
-        // Entries whose workers went quiet past the lease, every quarter lease; but not until
-        // this broker has talked to the server for a whole lease without a connection error:
-        // after an outage (a server restarting, a network cut) every lease looks lapsed, and
-        // the workers holding those entries renew them within a third of a lease of the server
-        // answering again. Reclaiming sooner would run their jobs twice. Fresh entries are
-        // read at once all the same.
-        if reclaimed_at.is_none_or(|t| now.duration_since(t) >= self.lease / 4)
-            && self.inner.errors.quiet_for(self.lease)
-        {
-            reclaimed_at = Some(now);
-            // The server's side of the same rule: a failover or restart the broker did not
-            // see as an error (the Cluster client retries through one) waits a lease too.
-            let served = self.served_for_a_lease(&self.cached_keys(queue)).await?;
-            for level in levels.iter().filter(|_| served) {
-                if out.len() >= max {
-                    break;
-                }
-                let keys = self.keys_at(queue, *level);
-                match self.reclaim(&keys, *level, max - out.len()).await {
-                    Ok(got) => out.extend(got),
-                    // A key of the wrong type (the dead stream, the ids set): logged, and the
-                    // new entries are read all the same.
-                    Err(BrokerError::Backend(e)) => tracing::error!(
-                        queue,
-                        "reclaiming the entries idle past their lease failed: {e}; the new entries of `{queue}` are still claimed"
-                    ),
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        // Delayed jobs that are due, when the last look said one would be. The mover failing
-        // (a delayed set of the wrong type, a member it could not move) is logged and looked
-        // at again a second later; it never stops the claim of the entries already in the
-        // stream.
-        if next_delayed.is_none_or(|t| now >= t) {
-            let mut next = None;
-            let stuck;
-            match self.move_due(&self.cached_keys(queue)).await {
-                Ok(Moved {
-                    next: n,
-                    levels: moved_to,
-                    errors,
-                }) => {
-                    // A delayed job moved to a level's stream that did not exist: read it
-                    // from now.
-                    if moved_to & !self.housekeeping(queue).levels != 0 {
-                        levels = self.add_levels(queue, moved_to).await?;
-                    }
-                    next = n;
-                    for e in &errors {
-                        tracing::error!(queue, "the delayed mover could not move a job: {e}");
-                    }
-                    stuck = !errors.is_empty();
-                }
-                Err(e) => {
-                    tracing::error!(
-                        queue,
-                        "the delayed mover failed: {e}; no delayed job of `{queue}` moves until it is fixed (the jobs already in its stream are still claimed)"
-                    );
-                    stuck = true;
-                }
-            }
-            next_delayed = Some(match next {
-                Some(t) if !stuck => {
-                    let d = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
-                    now + d.min(Duration::from_secs(1))
-                }
-                _ => now + Duration::from_secs(1),
-            });
-        }
+        let mut out = Claimed::default();
+        let reclaimed_at = self
+            .reclaim_levels(queue, &levels, max, hk.reclaimed_at, &mut out)
+            .await?;
+        // Delayed jobs that are due, when the last look said one would be.
+        let next_delayed = match hk.next_delayed {
+            Some(t) if now < t => Some(t),
+            _ => Some(self.move_delayed(queue, &mut levels, now).await?),
+        };
         self.update_housekeeping(queue, |h| {
             h.reclaimed_at = reclaimed_at;
             h.next_delayed = next_delayed;
         });
-        if out.len() >= max {
+        if out.taken() >= max {
             return Ok(out);
         }
         // New entries: block until one arrives, the wait ends, or a delayed job is due.
@@ -142,46 +69,135 @@ impl RedisBroker {
         if let Some(t) = next_delayed {
             block = block.min(t.saturating_duration_since(tokio::time::Instant::now()));
         }
-        if let [level] = levels.as_slice() {
-            let keys = self.keys_at(queue, *level);
-            let count = max - out.len();
-            return self
-                .read_new(queue, &[(*level, &keys)], count, block, out)
-                .await;
+        self.read_levels(queue, &levels, (max, block), order, out)
+            .await
+    }
+
+    /// Entries whose workers went quiet past the lease, every quarter lease, added to `out`;
+    /// returns when this queue last reclaimed. Not until this broker has talked to the server
+    /// for a whole lease without a connection error: after an outage (a server restarting, a
+    /// network cut) every lease looks lapsed, and the workers holding those entries renew them
+    /// within a third of a lease of the server answering again. Reclaiming sooner would run
+    /// their jobs twice. Fresh entries are read at once all the same.
+    async fn reclaim_levels(
+        &self,
+        queue: &str,
+        levels: &[Priority],
+        max: usize,
+        last: Option<tokio::time::Instant>,
+        out: &mut Claimed<RedisReceipt>,
+    ) -> Result<Option<tokio::time::Instant>, BrokerError> {
+        let now = tokio::time::Instant::now();
+        if !(last.is_none_or(|t| now.duration_since(t) >= self.lease / 4)
+            && self.inner.errors.quiet_for(self.lease))
+        {
+            return Ok(last);
         }
-        // Several levels: the highest first, each read without blocking until the claim is
-        // full; a claim in due order (the runtime's fair turn) starts at the level whose oldest
-        // waiting job is the oldest instead, so that no level waits forever behind a busier
-        // one.
+        // The server's side of the same rule: a failover or restart the broker did not see as
+        // an error (the Cluster client retries through one) waits a lease too.
+        if !self.served_for_a_lease(&self.cached_keys(queue)).await? {
+            return Ok(Some(now));
+        }
+        for level in levels {
+            if out.taken() >= max {
+                break;
+            }
+            let keys = self.keys_at(queue, *level);
+            match self.reclaim(&keys, *level, max - out.taken()).await {
+                Ok(got) => {
+                    out.deliveries.extend(got.deliveries);
+                    out.unreadable.extend(got.unreadable);
+                }
+                // A script refused (a key of the wrong type): logged, and the new entries are
+                // read all the same.
+                Err(BrokerError::Backend(e)) => tracing::error!(
+                    queue,
+                    "reclaiming the entries idle past their lease failed: {e}; the new entries of `{queue}` are still claimed"
+                ),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some(now))
+    }
+
+    /// Runs the delayed mover of `queue` (adding to `levels` the levels it moved jobs to that
+    /// were not read yet) and answers when to look again. The mover failing (a delayed set of
+    /// the wrong type, a member it could not move) is logged and looked at again a second
+    /// later; it never stops the claim of the entries already in the stream.
+    async fn move_delayed(
+        &self,
+        queue: &str,
+        levels: &mut Vec<Priority>,
+        now: tokio::time::Instant,
+    ) -> Result<tokio::time::Instant, BrokerError> {
+        let (next, stuck) = match self.move_due(&self.cached_keys(queue)).await {
+            Ok(Moved {
+                next,
+                levels: moved_to,
+                errors,
+            }) => {
+                // A delayed job moved to a level's stream that did not exist: read it from now.
+                if moved_to & !self.housekeeping(queue).levels != 0 {
+                    *levels = self.add_levels(queue, moved_to).await?;
+                }
+                for e in &errors {
+                    tracing::error!(queue, "the delayed mover could not move a job: {e}");
+                }
+                (next, !errors.is_empty())
+            }
+            Err(e) => {
+                tracing::error!(
+                    queue,
+                    "the delayed mover failed: {e}; no delayed job of `{queue}` moves until it is fixed (the jobs already in its stream are still claimed)"
+                );
+                (None, true)
+            }
+        };
+        Ok(match next {
+            Some(t) if !stuck => {
+                let d = (t - self.now()).to_std().unwrap_or(Duration::ZERO);
+                now + d.min(Duration::from_secs(1))
+            }
+            _ => now + Duration::from_secs(1),
+        })
+    }
+
+    /// The new entries of `levels`, up to `max` taken in all (with `out`), blocking up to
+    /// `block` when none is there: a single level in one read; several, the highest first,
+    /// each read without blocking until the claim is full. A claim in due order (the
+    /// runtime's fair turn) starts at the level whose oldest waiting job is the oldest
+    /// instead, so that no level waits forever behind a busier one.
+    async fn read_levels(
+        &self,
+        queue: &str,
+        levels: &[Priority],
+        (max, mut block): (usize, Duration),
+        order: ClaimOrder,
+        mut out: Claimed<RedisReceipt>,
+    ) -> Result<Claimed<RedisReceipt>, BrokerError> {
         let mut keys: Vec<(Priority, Arc<Keys>)> = levels
             .iter()
             .map(|l| (*l, self.keys_at(queue, *l)))
             .collect();
+        if let [(level, k)] = keys.as_slice() {
+            let count = max - out.taken();
+            return self
+                .read_new(queue, &[(*level, k)], count, block, out)
+                .await;
+        }
         if order == ClaimOrder::Due {
-            let mut call = scripts::OLDEST_WAITING.prepare_invoke();
-            for (_, k) in &keys {
-                call.key(&k.stream);
-            }
-            let oldest: i64 = call
-                .arg(GROUP)
-                .invoke_async(&mut self.conn()?)
-                .await
-                .map_err(|e| self.err(e))?;
-            if let Some(i) = usize::try_from(oldest - 1).ok().filter(|i| *i < keys.len()) {
-                let first = keys.remove(i);
-                keys.insert(0, first);
-            }
+            self.oldest_first(&mut keys).await?;
         }
         for (level, k) in &keys {
-            if out.len() >= max {
+            if out.taken() >= max {
                 return Ok(out);
             }
-            let count = max - out.len();
+            let count = max - out.taken();
             out = self
                 .read_new(queue, &[(*level, k)], count, Duration::ZERO, out)
                 .await?;
         }
-        if !out.is_empty() || block.is_zero() {
+        if !out.is_empty() || block.is_zero() || keys.is_empty() {
             return Ok(out);
         }
         // Nothing at any level: block on them all at once. A blocked read answers with the
@@ -195,20 +211,39 @@ impl RedisBroker {
             block = block.min(Duration::from_millis(100));
             (1, max)
         };
-        let on: Vec<(Priority, &Keys)> = keys[..streams].iter().map(|(l, k)| (*l, &**k)).collect();
+        let on: Vec<(Priority, &Keys)> =
+            keys.iter().take(streams).map(|(l, k)| (*l, &**k)).collect();
         self.read_new(queue, &on, count, block, out).await
     }
 
+    /// Puts first in `keys` the level whose oldest waiting entry is the oldest
+    /// ([`scripts::OLDEST_WAITING`]).
+    async fn oldest_first(&self, keys: &mut Vec<(Priority, Arc<Keys>)>) -> Result<(), BrokerError> {
+        let mut call = scripts::OLDEST_WAITING.prepare_invoke();
+        for (_, k) in keys.iter() {
+            call.key(&k.stream);
+        }
+        let oldest: i64 = call
+            .arg(GROUP)
+            .invoke_async(&mut self.conn()?)
+            .await
+            .map_err(|e| self.err(e))?;
+        if let Some(i) = usize::try_from(oldest - 1).ok().filter(|i| *i < keys.len()) {
+            let first = keys.remove(i);
+            keys.insert(0, first);
+        }
+        Ok(())
+    }
     /// Reads up to `count` new entries of each of the streams of `keys` (each with its
-    /// level), blocking up to `block`, and adds their deliveries to `out`.
+    /// level), blocking up to `block`, and adds what they are to `out`.
     async fn read_new(
         &self,
         queue: &str,
         keys: &[(Priority, &Keys)],
         count: usize,
         block: Duration,
-        mut out: Vec<Delivery<RedisReceipt>>,
-    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+        mut out: Claimed<RedisReceipt>,
+    ) -> Result<Claimed<RedisReceipt>, BrokerError> {
         let mut read = cmd("XREADGROUP");
         read.arg("GROUP")
             .arg(GROUP)
@@ -255,39 +290,33 @@ impl RedisBroker {
                 continue;
             };
             for (id, fields) in entries {
-                if let Some(d) = self.delivery(k, *level, id, fields, 1).await? {
-                    out.push(d);
-                }
+                self.take_entry(k, *level, (id, fields, 1), &mut out);
             }
         }
         Ok(out)
     }
 
-    /// Reclaims entries idle past the lease (at most every quarter lease per queue).
+    /// Reclaims entries idle past the lease (at most every quarter lease per queue), each with
+    /// its delivery count ([`scripts::RECLAIM`]).
     pub(crate) async fn reclaim(
         &self,
         keys: &Keys,
         level: Priority,
         max: usize,
-    ) -> Result<Vec<Delivery<RedisReceipt>>, BrokerError> {
+    ) -> Result<Claimed<RedisReceipt>, BrokerError> {
         let mut c = self.conn()?;
         let reply: redis::RedisResult<Value> = scripts::RECLAIM
             .pick(self.allow_oom())
             .key(&keys.stream)
-            .key(&keys.dead)
             .key(&keys.ids)
             .arg(GROUP)
             .arg(&self.inner.consumer)
             .arg(self.lease.as_millis() as u64)
             .arg(max)
-            .arg(self.max_deliveries)
-            .arg(DEAD_MAXLEN)
-            .arg(self.now().to_rfc3339())
-            .arg(&keys.name)
-            .arg(stagedoor_jobs::broker::MAX_ATTEMPT)
             .arg(if self.trims(keys) { "1" } else { "0" })
             .invoke_async(&mut c)
             .await;
+        let mut out = Claimed::default();
         let reply = match reply {
             Ok(v) => v,
             // The stream or its group is gone (a server restarted without persistence, a
@@ -295,18 +324,12 @@ impl RedisBroker {
             // on, since the claim never got as far as the read that re-creates the group.
             Err(e) if e.to_string().contains("NOGROUP") => {
                 self.prepare(&keys.name).await?;
-                return Ok(Vec::new());
+                return Ok(out);
             }
             Err(e) => return Err(self.err(e)),
         };
-        // {entries to run, dead-stream entries trimmed by the dead letters it made}
-        let (items, trimmed) = match value::array(&reply) {
-            [items, trimmed] => (value::array(items), value::int(trimmed).unwrap_or(0)),
-            _ => (&[][..], 0),
-        };
-        self.note_trimmed(&keys.dead, trimmed);
-        let mut out = Vec::new();
-        for item in items {
+        // {id, fields, deliveries} of each entry claimed
+        for item in value::array(&reply) {
             let [id, f, d] = value::array(item) else {
                 continue;
             };
@@ -315,27 +338,23 @@ impl RedisBroker {
                 continue;
             };
             let d = d.max(1) as u64;
-            if let Some(delivery) = self.delivery(keys, level, id, fields, d).await? {
-                out.push(delivery);
-            }
+            self.take_entry(keys, level, (id, fields, d), &mut out);
         }
         Ok(out)
     }
 
-    /// A delivery from an entry, or `None` when the entry cannot run: it is dead-lettered by
-    /// itself (the other entries of the claim run), with an error that names what is wrong.
-    /// That is an entry that is malformed (no `kind`, no `payload`, an `attempts` field that
-    /// is not a whole number of 0 or more: its fields are kept as they were), and an entry
-    /// whose `attempts` field alone reaches its mount's cap (it arrived with its attempts
-    /// already spent: no worker died running it here).
-    pub(crate) async fn delivery(
+    /// Adds entry `id` of `keys`' stream (at `level`), delivered `deliveries` times since it
+    /// was last settled, to `out`: a delivery reporting that count and where its spent attempts
+    /// were read (its `attempts` field), or, when it cannot be read as a job (no `kind`, no
+    /// `payload`, an `attempts` field that is not a whole number of 0 or more), an unreadable
+    /// item whose error names what is wrong. The runtime decides what becomes of each.
+    pub(crate) fn take_entry(
         &self,
         keys: &Keys,
         level: Priority,
-        id: String,
-        fields: Fields,
-        deliveries: u64,
-    ) -> Result<Option<Delivery<RedisReceipt>>, BrokerError> {
+        (id, fields, deliveries): (String, Fields, u64),
+        out: &mut Claimed<RedisReceipt>,
+    ) {
         // The entry's level is its stream's, whatever its field says (an entry added by
         // hand): its retry goes back there.
         let fields = entry::at_level(fields, level);
@@ -351,72 +370,41 @@ impl RedisBroker {
             let attempt = entry::attempt_of(spent, deliveries, dead_stream);
             entry::decode(&fields, attempt, entry::id_time(&id)).map(|e| (spent, e))
         });
-        let (spent, envelope) = match decoded {
-            Ok(d) => d,
+        match decoded {
+            Ok((spent, envelope)) => {
+                let from = spent_from(&id, &fields, spent);
+                let receipt = RedisReceipt {
+                    id,
+                    deliveries,
+                    fields,
+                    level,
+                };
+                let delivered = u32::try_from(deliveries).unwrap_or(u32::MAX);
+                let d = Delivery::new(envelope, receipt).with_delivered(delivered);
+                out.deliveries.push(match from {
+                    Some(f) => d.with_spent_from(f),
+                    None => d,
+                });
+            }
             Err(why) => {
                 let error = format!(
                     "malformed entry {id} on `{}`: {why}; it was not run (replay it once fixed)",
                     keys.name
                 );
-                tracing::error!(queue = %keys.name, "{error}: dead-lettered");
-                self.dead_letter_held(keys, (&id, deliveries, &fields), None, &error, "")
-                    .await?;
-                return Ok(None);
+                let kind = entry::text(&fields, "kind").filter(|k| !k.is_empty());
+                let receipt = RedisReceipt {
+                    id,
+                    deliveries,
+                    fields,
+                    level,
+                };
+                out.unreadable.push(Unreadable {
+                    error,
+                    kind,
+                    receipt,
+                });
             }
-        };
-        // On a queue's stream, an entry whose field says its mount's cap is spent already
-        // never runs; the runtime would say a worker died, which is not what happened.
-        // (Not on a dead stream: a dead letter's reader sees the attempts it spent.)
-        if !dead_stream && let Some(cap) = self.cap_reached(&keys.name, envelope.kind(), spent) {
-            let raw = entry::get(&fields, "attempts").map_or_else(String::new, entry::shown);
-            let counted = if raw == spent.to_string() {
-                String::new()
-            } else {
-                format!(", counted as {spent}, the most an attempt counter holds")
-            };
-            let before = if deliveries > 1 {
-                format!(
-                    "; it had been delivered {} times before without being settled",
-                    deliveries - 1
-                )
-            } else {
-                "; this was its first delivery: it never ran here".to_owned()
-            };
-            let error = format!(
-                "entry {id} arrived on `{}` having already spent {spent} attempts by its `attempts` field (`{raw}`{counted}), and max_attempts({}) of subscriber `{}` allows no more: dead-lettered without running{before}. Replay it to run it again from attempt 1",
-                keys.name, cap.max_attempts, cap.subscriber
-            );
-            tracing::error!(queue = %keys.name, job_id = %envelope.id(), "{error}");
-            self.dead_letter_held(keys, (&id, deliveries, &fields), Some(spent), &error, "")
-                .await?;
-            return Ok(None);
         }
-        Ok(Some(Delivery::new(
-            envelope,
-            RedisReceipt {
-                id,
-                deliveries,
-                fields,
-                level,
-            },
-        )))
-    }
-
-    /// The cap of the mount that runs `kind` on `queue` (its own kind's mount, else the one
-    /// for every kind), when that mount has a dead letter and `spent` attempts reach it. A
-    /// fresh entry (`spent` 0, the common case) never does: no lock is taken.
-    pub(crate) fn cap_reached(&self, queue: &str, kind: &str, spent: u32) -> Option<Cap> {
-        if spent == 0 {
-            return None;
-        }
-        let caps = lock(&self.inner.caps);
-        let mounts = caps.get(queue)?;
-        mounts
-            .iter()
-            .find(|c| c.kind.as_deref() == Some(kind))
-            .or_else(|| mounts.iter().find(|c| c.kind.is_none()))
-            .filter(|c| spent >= c.max_attempts)
-            .cloned()
     }
 
     /// Moves due delayed jobs to the stream under the mover's lock ([`scripts::MOVE_DUE`]):
@@ -511,4 +499,22 @@ impl RedisBroker {
             h.next_delayed = Some(h.next_delayed.map_or(at, |t| t.min(at)));
         }
     }
+}
+
+/// Where the `spent` attempts of entry `id` were read, for the runtime's message when they
+/// reach a cap on arrival: its `attempts` field as it is, and what it was counted as when that
+/// is not the same number. `None` for a fresh entry (nothing spent).
+fn spent_from(id: &str, fields: &Fields, spent: u32) -> Option<String> {
+    if spent == 0 {
+        return None;
+    }
+    let raw = entry::get(fields, "attempts").map_or_else(String::new, entry::shown);
+    let counted = if raw == spent.to_string() {
+        String::new()
+    } else {
+        format!(", counted as {spent}, the most an attempt counter holds")
+    };
+    Some(format!(
+        "by the `attempts` field (`{raw}`{counted}) of entry {id}"
+    ))
 }

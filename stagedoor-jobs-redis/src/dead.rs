@@ -1,4 +1,5 @@
-//! Dead letters: dead-lettering an entry this worker holds (one script), reading a dead
+//! Dead letters: dead-lettering an entry this worker holds (one script; an unreadable one
+//! with its fields as they were), reading a dead
 //! stream ([`DeadLetters::dead_letters`](stagedoor_jobs::broker::DeadLetters::dead_letters) and every
 //! stored field, [`RedisBroker::dead_letter_fields`]), replaying and purging.
 
@@ -7,9 +8,11 @@ use std::sync::atomic::Ordering;
 use chrono::{DateTime, Utc};
 use redis::{Value, cmd};
 use stagedoor_jobs::Envelope;
-use stagedoor_jobs::broker::{BrokerError, DeadLetter, DeadSelector, ReplayReport};
+use stagedoor_jobs::broker::{
+    BrokerError, DeadLetter, DeadSelector, ReplayReport, Settled, Unreadable,
+};
 
-use crate::broker::{DEAD_MAXLEN, GROUP, RedisBroker};
+use crate::broker::{DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt};
 use crate::conn::Conn;
 use crate::entry::{self, Fields};
 use crate::keys::{DEAD_SUFFIX, Keys};
@@ -358,6 +361,34 @@ impl RedisBroker {
         f.push(("failed_at".into(), self.now().to_rfc3339().into_bytes()));
         f.push(("origin".into(), origin.as_bytes().to_vec()));
         f
+    }
+
+    /// [`Broker::dead_letter_unreadable`](stagedoor_jobs::broker::Broker::dead_letter_unreadable)
+    /// on Redis (the trait's impl in `broker.rs` calls this): the entry goes to `target`, its
+    /// queue's dead stream, with every field it had (its `attempts` as it was) and the item's
+    /// error, fenced on its delivery count.
+    pub(crate) async fn dead_letter_unreadable(
+        &self,
+        queue: &str,
+        item: &Unreadable<RedisReceipt>,
+        target: &str,
+    ) -> Result<Settled, BrokerError> {
+        let r = &item.receipt;
+        let keys = self.keys_at(queue, r.level);
+        if self.keys(target).dead != keys.dead {
+            return Err(BrokerError::Backend(format!(
+                "dead letter `{target}` is not the dead stream of `{queue}` (`{queue}{DEAD_SUFFIX}`)"
+            )));
+        }
+        let held = (r.id.as_str(), r.deliveries, &r.fields);
+        let done = self
+            .dead_letter_held(&keys, held, None, &item.error, "")
+            .await?;
+        Ok(if done {
+            Settled::Done
+        } else {
+            Settled::LeaseLost
+        })
     }
 
     /// Dead-letters an entry this worker holds, in one step; returns whether it was still ours.

@@ -166,9 +166,10 @@
 //! it are reclaimed (XAUTOCLAIM), except after a connection error, until the broker has talked to
 //! the server for a whole lease without one (the holders renew first), and except after a
 //! failover or restart (a new server process serving the queue's slot, which the server
-//! itself notes in `{q}:serving`), until that process has served the queue for a whole lease. An entry delivered more
-//! than [`max_deliveries`](RedisBroker::max_deliveries) times (default 3) without being settled
-//! goes to the dead stream without running again. A full server (`maxmemory`, `noeviction`)
+//! itself notes in `{q}:serving`), until that process has served the queue for a whole lease. Each delivery reports
+//! the entry's delivery count, and the runtime sends an entry delivered more than
+//! [`max_deliveries`](RedisBroker::max_deliveries) times (the broker's poison count, default 3)
+//! without being settled to the dead stream without running it again. A full server (`maxmemory`, `noeviction`)
 //! refuses publishing with [`BrokerError::Full`](stagedoor_jobs::BrokerError::Full) while
 //! workers go on draining it: on Redis 7 the scripts that settle, reclaim and move jobs run with
 //! `allow-oom`.

@@ -27,7 +27,7 @@
 //! | `scripts/claim.rs` | the fair claim's choice of level |
 //! | `scripts/locks.rs` | locks and a schedule's last tick |
 //! | `scripts/permits.rs` | the permit pools |
-//! | `scripts.rs` | the reclaim of deliveries idle past their lease |
+//! | `scripts.rs` | the reclaim of deliveries idle past their lease (with their delivery counts) |
 
 use std::sync::LazyLock;
 
@@ -53,27 +53,20 @@ pub(crate) use settle::{RENEW, SETTLE_BATCH, SETTLE_MANY};
 
 use lua::with_trim;
 
-/// KEYS: stream, dead, ids. ARGV: group, consumer, min_idle_ms, count, max_deliveries,
-/// maxlen, failed_at, queue, max_attempt, trim ('1': trim the settled entries at the stream's
-/// head once entries were acknowledged here, as [`SETTLE_MANY`] does on Redis 7). Reclaims entries idle past their lease
-/// (XAUTOCLAIM), forgets entries deleted while pending, dead-letters entries delivered more
-/// than max_deliveries times without running them (attempts spent: the field's count plus
-/// the deliveries before this one, at most max_attempt), and returns {the rest as {id, fields,
-/// deliveries}, dead-stream entries trimmed by those dead letters} (the count was not returned
-/// before, so these trims were missing from `RedisBroker::trimmed()` and the log). An entry
-/// whose `attempts` field is not a whole number is returned as it is: the broker dead-letters
-/// it as malformed, naming the field. The dead stream's and the ids set's types are checked
-/// before `XAUTOCLAIM` (which writes: a failure after it left the entries claimed by this
-/// consumer, their delivery counted, and never delivered).
+/// KEYS: stream. ARGV: group, consumer, min_idle_ms, count, trim ('1': trim the settled
+/// entries at the stream's head once entries were acknowledged here, as [`SETTLE_MANY`] does
+/// on Redis 7). Reclaims entries idle past their lease (XAUTOCLAIM), forgets entries deleted
+/// while pending, and returns every other entry it claimed as {id, fields, deliveries} (the
+/// entry's delivery count, this delivery included). It decides nothing about them: the
+/// runtime dead-letters one delivered more than the broker's poison count
+/// ([`RedisBroker::max_deliveries`](crate::RedisBroker::max_deliveries)) without running it,
+/// and one that cannot be read as a job as unreadable.
 pub(crate) static RECLAIM: LazyLock<OomScript> = LazyLock::new(|| {
     with_trim(
         r"
-check_type(KEYS[2], 'stream', 'the dead stream')
-check_type(KEYS[3], 'set', 'the set of job ids')
 local settled = false
 local r = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', ARGV[4])
 local out = {}
-local trimmed = 0
 if r[3] then
   for _, id in ipairs(r[3]) do redis.call('XACK', KEYS[1], ARGV[1], id); settled = true end
 end
@@ -84,49 +77,11 @@ for _, e in ipairs(r[2]) do
     settled = true
   else
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
-    local d = tonumber(p[1][4])
-    local max = tonumber(ARGV[9])
-    local spent, wellformed = 0, true
-    for i = 1, #f, 2 do
-      if f[i] == 'attempts' then
-        local a = f[i + 1]
-        if string.match(a, '^%d+$') then
-          local digits = string.gsub(a, '^0+', '')
-          if #digits > 5 then spent = max else spent = math.min(tonumber(a), max) end
-        else
-          wellformed = false
-        end
-      end
-    end
-    if wellformed and d > tonumber(ARGV[5]) then
-      local job = ''
-      local g = {}
-      for i = 1, #f, 2 do
-        if f[i] == 'job_id' then job = f[i + 1] end
-        if f[i] ~= 'attempts' then
-          table.insert(g, f[i]); table.insert(g, f[i + 1])
-        end
-      end
-      table.insert(g, 'attempts'); table.insert(g, string.format('%d', math.min(spent + d - 1, max)))
-      table.insert(g, 'error')
-      table.insert(g, 'delivered ' .. d .. ' times without being settled (max_deliveries ' .. ARGV[5] .. '): its workers died while running it, so it is dead-lettered without running again')
-      table.insert(g, 'traceback'); table.insert(g, '')
-      table.insert(g, 'failed_at'); table.insert(g, ARGV[7])
-      table.insert(g, 'origin'); table.insert(g, ARGV[8])
-      local before = redis.call('XLEN', KEYS[2])
-      call_list(redis.call, {'XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*'}, g, 1, #g)
-      trimmed = trimmed + before + 1 - redis.call('XLEN', KEYS[2])
-      redis.call('XACK', KEYS[1], ARGV[1], id)
-      redis.call('XDEL', KEYS[1], id)
-      redis.call('SREM', KEYS[3], job)
-      settled = true
-    else
-      table.insert(out, {id, f, d})
-    end
+    table.insert(out, {id, f, tonumber(p[1][4])})
   end
 end
-if settled and ARGV[10] ~= '0' then trim_settled(KEYS[1], ARGV[1], 0, nil) end
-return {out, trimmed}
+if settled and ARGV[5] ~= '0' then trim_settled(KEYS[1], ARGV[1], 0, nil) end
+return out
 ",
     )
 });

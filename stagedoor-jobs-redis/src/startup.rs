@@ -1,14 +1,13 @@
 //! What the service does once as it starts: connect (the server's version, and whether its
-//! scripts may run on a full server), check the mounts (their caps, their dead letters'
-//! names), prepare each queue (its stream and group).
+//! scripts may run on a full server), check the mounts (their dead letters' names), prepare
+//! each queue (its stream and group).
 
 use std::sync::atomic::Ordering;
 
 use redis::{Value, cmd};
 use stagedoor_jobs::broker::{BrokerError, MountInfo, Problem};
-use stagedoor_jobs::kit::lock;
 
-use crate::broker::{Cap, GROUP, RedisBroker};
+use crate::broker::{GROUP, RedisBroker};
 use crate::entry;
 use crate::errors::is_oom;
 use crate::keys::{DEAD_SUFFIX, Keys};
@@ -93,20 +92,6 @@ impl RedisBroker {
     /// in `broker.rs` calls this).
     pub(crate) async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
         let mut problems = Vec::new();
-        {
-            let mut caps = lock(&self.inner.caps);
-            for m in mounts {
-                if let (Some(max_attempts), Some(_)) = (m.max_attempts, &m.dead_letter) {
-                    let known = caps.entry(m.queue.clone()).or_default();
-                    known.retain(|c| c.kind != m.kind);
-                    known.push(Cap {
-                        subscriber: m.subscriber.clone(),
-                        kind: m.kind.clone(),
-                        max_attempts,
-                    });
-                }
-            }
-        }
         for m in mounts {
             if let Some(dead) = &m.dead_letter {
                 let expected = format!("{}{DEAD_SUFFIX}", m.queue);

@@ -1,28 +1,34 @@
 //! The rules a delivery meets before it runs, the same for every backend: a job delivered
 //! more than the poison count without being settled, and a job whose attempts already reach
 //! its mount's cap, are dead-lettered without running. A backend only reports what it knows
-//! ([`Delivery::delivered`], [`Delivery::spent_from`]); the decision is made here.
+//! ([`Delivery::delivered`], [`Delivery::spent_from`]); the decision is made here. A job
+//! dead-lettered by the poison count or on arrival reports the attempts it spent, not this
+//! delivery's number: this delivery never ran.
 
-use crate::broker::{Delivery, Settlement};
+use crate::broker::{Delivery, MAX_ATTEMPT, Settlement};
 use crate::mount::MountSpec;
 use crate::outcome::{Failure, FailureCause};
 
 /// The settlement of a delivery that must not run (its poison count passed, its cap spent),
-/// or `None` for one that runs. `default_dead_letter` is where a job whose mount declares no
-/// dead letter goes when the poison count sends it away.
+/// or `None` for one that runs, with the attempts its dead letter reports when they are not the
+/// delivery's number (the runtime gives its envelope that attempt before settling).
+/// `default_dead_letter` is where a job whose mount declares no dead letter goes when the
+/// poison count sends it away.
 pub(super) fn refused<R>(
     spec: &MountSpec,
     delivery: &Delivery<R>,
     poison_count: u32,
     default_dead_letter: impl FnOnce() -> String,
-) -> Option<Settlement> {
+) -> Option<(Settlement, Option<u32>)> {
     let env = &delivery.envelope;
     if let Some(d) = delivery.delivered.filter(|d| *d > poison_count) {
         let target = spec.dead_letter.clone().unwrap_or_else(default_dead_letter);
         let error = format!(
             "delivered {d} times without being settled (max_deliveries {poison_count}): its workers died while running it, so it is dead-lettered without running again"
         );
-        return Some(dead(target, error));
+        // The deliveries before this one spent their attempts; this one never ran.
+        let spent = spent_before(env.attempt(), 1);
+        return Some((dead(target, error), Some(spent)));
     }
     let (cap, target) = (spec.max_attempts?.get(), spec.dead_letter.clone()?);
     let attempt = env.attempt();
@@ -33,13 +39,25 @@ pub(super) fn refused<R>(
     // alone reach the cap when the job arrived with them spent (no worker died here).
     let before = delivery
         .delivered
-        .map(|d| (attempt.saturating_sub(d), d))
+        .map(|d| (spent_before(attempt, d), d))
         .filter(|(spent, _)| *spent >= cap);
-    let error = match before {
-        Some((spent, d)) => arrival_message(spec, delivery, spent, d),
-        None => poison_message(attempt, cap),
-    };
-    Some(dead(target, error))
+    Some(match before {
+        Some((spent, d)) => {
+            let error = arrival_message(spec, delivery, spent, d);
+            (dead(target, error), Some(spent))
+        }
+        None => (dead(target, poison_message(attempt, cap)), None),
+    })
+}
+
+/// The attempts spent before the last `delivered` deliveries of a job now at `attempt`. An
+/// attempt counter saturated at [`MAX_ATTEMPT`] tells no more than that: it stays there.
+fn spent_before(attempt: u32, delivered: u32) -> u32 {
+    if attempt >= MAX_ATTEMPT {
+        MAX_ATTEMPT
+    } else {
+        attempt.saturating_sub(delivered)
+    }
 }
 
 fn dead(target: String, error: String) -> Settlement {

@@ -41,7 +41,21 @@ impl<B: Broker> Worker<B> {
         }
     }
 
-    pub(super) async fn process(&self, delivery: Delivery<B::Receipt>, cancel: Cancellation) {
+    /// The settlement of a delivery that must not run (`arrival::refused`), its envelope
+    /// given the attempts its dead letter reports (it never ran here).
+    fn refusal(&self, delivery: &mut Delivery<B::Receipt>) -> Option<Settlement> {
+        let spec = &self.mount_for(delivery.envelope.kind())?.spec;
+        let default_dl = || self.broker.default_dead_letter(&self.queue.name);
+        let poison_count = self.broker.poison_count();
+        let (s, spent) = super::arrival::refused(spec, delivery, poison_count, default_dl)?;
+        if let Some(n) = spent {
+            delivery.envelope = delivery.envelope.clone().with_attempt(n);
+        }
+        Some(s)
+    }
+
+    pub(super) async fn process(&self, mut delivery: Delivery<B::Receipt>, cancel: Cancellation) {
+        let refusal = self.refusal(&mut delivery);
         let env = &delivery.envelope;
         let span = tracing::info_span!(
             "job",
@@ -62,9 +76,7 @@ impl<B: Broker> Worker<B> {
             };
             let spec = &mount.spec;
             tracing::Span::current().record("subscriber", spec.subscriber.as_str());
-            let poison_count = self.broker.poison_count();
-            let default_dl = || self.broker.default_dead_letter(&self.queue.name);
-            if let Some(s) = super::arrival::refused(spec, &delivery, poison_count, default_dl) {
+            if let Some(s) = refusal {
                 self.settle(&spec.subscriber, &delivery, s).await;
                 return;
             }
