@@ -27,6 +27,10 @@ impl Fixture for MemoryFixture {
     fn leaves_fates_to_the_runtime(&self) -> bool {
         true
     }
+
+    fn publish_keeps_spent_attempts(&self) -> bool {
+        true
+    }
 }
 
 stagedoor_jobs::conformance_tests!(MemoryFixture);
@@ -55,6 +59,10 @@ mod live {
         }
 
         fn leaves_fates_to_the_runtime(&self) -> bool {
+            true
+        }
+
+        fn publish_keeps_spent_attempts(&self) -> bool {
             true
         }
     }

@@ -40,6 +40,10 @@ impl Fixture for NaiveFixture {
         true
     }
 
+    fn publish_keeps_spent_attempts(&self) -> bool {
+        true
+    }
+
     async fn store_unreadable_job(&self, broker: &NaiveBroker, queue: &str) -> Option<String> {
         store_raw(broker, queue, b"\xff not even text")
     }
@@ -83,6 +87,10 @@ mod live {
         }
 
         fn leaves_fates_to_the_runtime(&self) -> bool {
+            true
+        }
+
+        fn publish_keeps_spent_attempts(&self) -> bool {
             true
         }
 

@@ -74,6 +74,12 @@ async fn store_unreadable<C: redis::aio::ConnectionLike>(
 struct Standalone;
 
 impl Fixture for Standalone {
+    /// The backend decides no fate of its own: the runtime's rules hold on it.
+
+    fn leaves_fates_to_the_runtime(&self) -> bool {
+        true
+    }
+
     type Broker = RedisBroker;
     async fn broker(&self) -> RedisBroker {
         configure(RedisBroker::from_url(url("REDIS_URL")), None)
@@ -112,6 +118,12 @@ mod cluster {
     }
 
     impl Fixture for Cluster {
+        /// The backend decides no fate of its own: the runtime's rules hold on it.
+
+        fn leaves_fates_to_the_runtime(&self) -> bool {
+            true
+        }
+
         type Broker = RedisBroker;
         async fn broker(&self) -> RedisBroker {
             configure(RedisBroker::cluster(urls()), None)

@@ -89,6 +89,17 @@ pub trait Fixture: Send + Sync + 'static {
         false
     }
 
+    /// Whether a job published with attempts already spent ([`Envelope::with_attempt`](crate::Envelope::with_attempt))
+    /// keeps them. The in-memory broker does; Redis and SQL start every published job afresh,
+    /// so a job reaches them with its attempts spent only by a hand edit of its `attempts`
+    /// field or column (their own tests cover that: `tests/redis_bad_entries.rs`,
+    /// `tests/attempt_limits.rs`). The row
+    /// [`a_job_arriving_with_its_cap_spent_is_dead_lettered_without_running`](super::a_job_arriving_with_its_cap_spent_is_dead_lettered_without_running)
+    /// runs only when it does. The default: `false`.
+    fn publish_keeps_spent_attempts(&self) -> bool {
+        false
+    }
+
     /// Stores in `queue` of `broker` (connected) an item whose content is `content`, as it
     /// came, which the broker cannot read as a job, so that a claim returns it as
     /// [`Unreadable`](crate::broker::Unreadable). Returns words the dead letter's error must
