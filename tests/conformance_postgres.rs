@@ -62,7 +62,6 @@ fn uuid_like() -> String {
 
 impl Fixture for PostgresFixture {
     /// The backend decides no fate of its own: the runtime's rules hold on it.
-
     fn leaves_fates_to_the_runtime(&self) -> bool {
         true
     }

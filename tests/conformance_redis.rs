@@ -75,7 +75,6 @@ struct Standalone;
 
 impl Fixture for Standalone {
     /// The backend decides no fate of its own: the runtime's rules hold on it.
-
     fn leaves_fates_to_the_runtime(&self) -> bool {
         true
     }
@@ -119,7 +118,6 @@ mod cluster {
 
     impl Fixture for Cluster {
         /// The backend decides no fate of its own: the runtime's rules hold on it.
-
         fn leaves_fates_to_the_runtime(&self) -> bool {
             true
         }

@@ -32,7 +32,6 @@ async fn fresh(lease: Option<Duration>) -> SqlxRoute<sqlx::Sqlite, ConfRow> {
 
 impl Fixture for SqliteFixture {
     /// The backend decides no fate of its own: the runtime's rules hold on it.
-
     fn leaves_fates_to_the_runtime(&self) -> bool {
         true
     }

@@ -78,7 +78,7 @@ impl RedisBroker {
 
     /// [`Activity::report`](stagedoor_jobs::Activity::report) on Redis (the trait's impl in
     /// `broker.rs` calls this): one script.
-    pub(crate) async fn report(
+    pub(crate) async fn redis_report(
         &self,
         worker: &WorkerReport,
         counts: &[QueueCounts],
@@ -113,7 +113,7 @@ impl RedisBroker {
     /// [`Activity::workers`](stagedoor_jobs::Activity::workers) on Redis (the trait's impl in
     /// `broker.rs` calls this). A report that does not read as one (edited by hand) is left out,
     /// logged.
-    pub(crate) async fn workers(&self) -> Result<Vec<WorkerReport>, BrokerError> {
+    pub(crate) async fn redis_workers(&self) -> Result<Vec<WorkerReport>, BrokerError> {
         let mut c = self.conn()?;
         let ids: Vec<String> = cmd("ZRANGE")
             .arg(self.activity_key("workers"))
@@ -146,7 +146,7 @@ impl RedisBroker {
 
     /// [`Activity::throughput`](stagedoor_jobs::Activity::throughput) on Redis (the trait's
     /// impl in `broker.rs` calls this).
-    pub(crate) async fn throughput(
+    pub(crate) async fn redis_throughput(
         &self,
         queue: &str,
         since: DateTime<Utc>,
@@ -163,7 +163,7 @@ impl RedisBroker {
     /// [`Activity::delayed`](stagedoor_jobs::Activity::delayed) on Redis (the trait's impl in
     /// `broker.rs` calls this): the queue's delayed set from now on. A member that cannot be
     /// read (added by hand) is listed with what could be read.
-    pub(crate) async fn delayed(
+    pub(crate) async fn redis_delayed(
         &self,
         queue: &str,
         limit: usize,

@@ -274,19 +274,19 @@ impl Inspect for RedisBroker {
     }
 
     async fn connect(&self) -> Result<(), BrokerError> {
-        self.connect().await
+        self.redis_connect().await
     }
 
     async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
-        self.stats(queue).await
+        self.redis_stats(queue).await
     }
 
     async fn queues(&self) -> Result<Vec<String>, BrokerError> {
-        self.queues().await
+        self.redis_queues().await
     }
 
     async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
-        self.next_due(queue).await
+        self.redis_next_due(queue).await
     }
 }
 
@@ -296,7 +296,7 @@ impl DeadLetters for RedisBroker {
         queue: &str,
         id: &stagedoor_jobs::JobId,
     ) -> Result<stagedoor_jobs::broker::Cancelled, BrokerError> {
-        self.cancel(queue, id).await
+        self.redis_cancel(queue, id).await
     }
 
     async fn dead_letters(
@@ -305,7 +305,7 @@ impl DeadLetters for RedisBroker {
         selector: &DeadSelector,
         limit: usize,
     ) -> Result<Vec<DeadLetter>, BrokerError> {
-        self.dead_letters(dead, selector, limit).await
+        self.redis_dead_letters(dead, selector, limit).await
     }
 
     async fn replay(
@@ -314,16 +314,16 @@ impl DeadLetters for RedisBroker {
         selector: &DeadSelector,
     ) -> Result<ReplayReport, BrokerError> {
         DeadLetters::check_dead_letter(self, dead).await?;
-        self.replay(dead, selector).await
+        self.redis_replay(dead, selector).await
     }
 
     async fn purge(&self, dead: &str, selector: &DeadSelector) -> Result<u64, BrokerError> {
         DeadLetters::check_dead_letter(self, dead).await?;
-        self.purge(dead, selector).await
+        self.redis_purge(dead, selector).await
     }
 
     async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
-        self.dead_len(dead).await
+        self.redis_dead_len(dead).await
     }
 
     async fn check_dead_letter(&self, name: &str) -> Result<(), BrokerError> {
@@ -362,11 +362,11 @@ impl Activity for RedisBroker {
         counts: &[QueueCounts],
         ttl: Duration,
     ) -> Result<(), BrokerError> {
-        self.report(worker, counts, ttl).await
+        self.redis_report(worker, counts, ttl).await
     }
 
     async fn workers(&self) -> Result<Vec<WorkerReport>, BrokerError> {
-        self.workers().await
+        self.redis_workers().await
     }
 
     async fn throughput(
@@ -374,29 +374,29 @@ impl Activity for RedisBroker {
         queue: &str,
         since: DateTime<Utc>,
     ) -> Result<Vec<MinuteCounts>, BrokerError> {
-        self.throughput(queue, since).await
+        self.redis_throughput(queue, since).await
     }
 
     async fn delayed(&self, queue: &str, limit: usize) -> Result<Vec<DelayedJob>, BrokerError> {
-        self.delayed(queue, limit).await
+        self.redis_delayed(queue, limit).await
     }
 }
 
 impl Locks for RedisBroker {
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
-        self.try_lock(key, token, ttl).await
+        self.redis_try_lock(key, token, ttl).await
     }
 
     async fn last_tick(&self, schedule: &str) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        self.last_tick(schedule).await
+        self.redis_last_tick(schedule).await
     }
 
     async fn mark_tick(&self, schedule: &str, tick: DateTime<Utc>) -> Result<(), BrokerError> {
-        self.mark_tick(schedule, tick).await
+        self.redis_mark_tick(schedule, tick).await
     }
 
     async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
-        self.unlock(key, token).await
+        self.redis_unlock(key, token).await
     }
 
     async fn take_permits(
@@ -406,7 +406,7 @@ impl Locks for RedisBroker {
         tokens: &[String],
         ttl: Duration,
     ) -> Result<Permits, BrokerError> {
-        self.take_permits(key, limit, tokens, ttl).await
+        self.redis_take_permits(key, limit, tokens, ttl).await
     }
 
     async fn renew_permits(
@@ -415,11 +415,11 @@ impl Locks for RedisBroker {
         tokens: &[String],
         ttl: Duration,
     ) -> Result<usize, BrokerError> {
-        self.renew_permits(key, tokens, ttl).await
+        self.redis_renew_permits(key, tokens, ttl).await
     }
 
     async fn release_permits(&self, key: &str, tokens: &[String]) -> Result<(), BrokerError> {
-        self.release_permits(key, tokens).await
+        self.redis_release_permits(key, tokens).await
     }
 }
 
@@ -427,11 +427,11 @@ impl Broker for RedisBroker {
     type Receipt = RedisReceipt;
 
     async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
-        self.check(mounts).await
+        self.redis_check(mounts).await
     }
 
     async fn prepare(&self, queue: &str) -> Result<(), BrokerError> {
-        self.prepare(queue).await
+        self.redis_prepare(queue).await
     }
 
     async fn claim(
@@ -441,7 +441,7 @@ impl Broker for RedisBroker {
         wait: Duration,
         order: ClaimOrder,
     ) -> Result<Claimed<RedisReceipt>, BrokerError> {
-        self.claim(queue, max, wait, order).await
+        self.redis_claim(queue, max, wait, order).await
     }
 
     /// Moves the entry to the dead stream `target` (the queue's own: see `check`) in one
@@ -461,7 +461,7 @@ impl Broker for RedisBroker {
     }
 
     async fn renew(&self, queue: &str, receipt: &RedisReceipt) -> Result<bool, BrokerError> {
-        self.renew(queue, receipt).await
+        self.redis_renew(queue, receipt).await
     }
 
     async fn settle(
@@ -470,7 +470,7 @@ impl Broker for RedisBroker {
         delivery: &Delivery<RedisReceipt>,
         settlement: Settlement,
     ) -> Result<Settled, BrokerError> {
-        self.settle(queue, delivery, settlement).await
+        self.redis_settle(queue, delivery, settlement).await
     }
 
     async fn publish(
@@ -478,7 +478,7 @@ impl Broker for RedisBroker {
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
     ) -> Result<Vec<Published>, BrokerError> {
-        self.publish(queue, jobs).await
+        self.redis_publish(queue, jobs).await
     }
 
     /// One script: when the guard's key (`{<queue>}:once:<guard>`,
@@ -492,7 +492,7 @@ impl Broker for RedisBroker {
         guard: &str,
         ttl: Duration,
     ) -> Result<Published, BrokerError> {
-        self.publish_once(queue, job, guard, ttl).await
+        self.redis_publish_once(queue, job, guard, ttl).await
     }
 
     async fn finish_guard(
@@ -502,11 +502,11 @@ impl Broker for RedisBroker {
         job_id: &stagedoor_jobs::JobId,
         ttl: Duration,
     ) -> Result<bool, BrokerError> {
-        self.finish_guard(queue, guard, job_id, ttl).await
+        self.redis_finish_guard(queue, guard, job_id, ttl).await
     }
 
     async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
-        self.server_time().await
+        self.redis_server_time().await
     }
 
     async fn cancelled(
@@ -514,7 +514,7 @@ impl Broker for RedisBroker {
         queue: &str,
         ids: &[stagedoor_jobs::JobId],
     ) -> Result<Vec<stagedoor_jobs::JobId>, BrokerError> {
-        self.cancelled(queue, ids).await
+        self.redis_cancelled(queue, ids).await
     }
 
     fn lease(&self) -> Duration {

@@ -20,7 +20,11 @@ const PAGE: usize = 1000;
 impl RedisBroker {
     /// [`DeadLetters::cancel`](stagedoor_jobs::DeadLetters::cancel) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn cancel(&self, queue: &str, id: &JobId) -> Result<Cancelled, BrokerError> {
+    pub(crate) async fn redis_cancel(
+        &self,
+        queue: &str,
+        id: &JobId,
+    ) -> Result<Cancelled, BrokerError> {
         let keys = self.keys(queue);
         let mut c = self.conn()?;
         // Twice: a job the delayed mover moves to the stream while we look is found the
@@ -174,7 +178,7 @@ impl RedisBroker {
     }
 
     /// [`Broker::cancelled`](stagedoor_jobs::Broker::cancelled) on Redis: one `ZMSCORE`.
-    pub(crate) async fn cancelled(
+    pub(crate) async fn redis_cancelled(
         &self,
         queue: &str,
         ids: &[JobId],

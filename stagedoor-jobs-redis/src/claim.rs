@@ -36,7 +36,7 @@ pub(crate) struct Moved {
 impl RedisBroker {
     /// [`Broker::claim`](stagedoor_jobs::broker::Broker::claim) on Redis (the trait's impl
     /// in `broker.rs` calls this): reclaimed entries, then new ones of each level in use.
-    pub(crate) async fn claim(
+    pub(crate) async fn redis_claim(
         &self,
         queue: &str,
         max: usize,
@@ -272,7 +272,7 @@ impl RedisBroker {
             Ok(v) => v,
             Err(e) if e.to_string().contains("NOGROUP") => {
                 // A stream was deleted under us: make them again.
-                self.prepare(queue).await?;
+                self.redis_prepare(queue).await?;
                 for (_, k) in keys {
                     self.prepare_stream(k).await?;
                 }
@@ -323,7 +323,7 @@ impl RedisBroker {
             // FLUSHALL): make them again. Failing here instead would fail every claim from now
             // on, since the claim never got as far as the read that re-creates the group.
             Err(e) if e.to_string().contains("NOGROUP") => {
-                self.prepare(&keys.name).await?;
+                self.redis_prepare(&keys.name).await?;
                 return Ok(out);
             }
             Err(e) => return Err(self.err(e)),

@@ -37,7 +37,7 @@ impl RedisBroker {
     /// letter by its entry id reads that entry; otherwise the stream is read newest first a
     /// page at a time (pages no longer than the `limit` letters still wanted, for `All`)
     /// until `limit` letters were selected.
-    pub(crate) async fn dead_letters(
+    pub(crate) async fn redis_dead_letters(
         &self,
         dead: &str,
         selector: &DeadSelector,
@@ -80,7 +80,7 @@ impl RedisBroker {
     /// replayed from the fields of the page it was read in. Each page starts below the last
     /// (exclusive), so no entry is read twice or skipped while letters are replayed, purged or
     /// added meanwhile (added ones are newer than the walk and stay where they are).
-    pub(crate) async fn replay(
+    pub(crate) async fn redis_replay(
         &self,
         dead: &str,
         selector: &DeadSelector,
@@ -156,7 +156,7 @@ impl RedisBroker {
     /// in `broker.rs` calls this). One letter by its entry id is deleted alone; otherwise the
     /// dead stream is walked newest first a page at a time (as [`replay`](Self::replay) walks
     /// it), each page's selected letters deleted before the next is read.
-    pub(crate) async fn purge(
+    pub(crate) async fn redis_purge(
         &self,
         dead: &str,
         selector: &DeadSelector,

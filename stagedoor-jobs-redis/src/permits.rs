@@ -17,7 +17,7 @@ impl RedisBroker {
 
     /// [`Locks::take_permits`](stagedoor_jobs::broker::Locks::take_permits) on Redis: one
     /// script, so takers on every node and process see one pool.
-    pub(crate) async fn take_permits(
+    pub(crate) async fn redis_take_permits(
         &self,
         key: &str,
         limit: u32,
@@ -44,7 +44,7 @@ impl RedisBroker {
     }
 
     /// [`Locks::renew_permits`](stagedoor_jobs::broker::Locks::renew_permits) on Redis.
-    pub(crate) async fn renew_permits(
+    pub(crate) async fn redis_renew_permits(
         &self,
         key: &str,
         tokens: &[String],
@@ -69,7 +69,7 @@ impl RedisBroker {
     }
 
     /// [`Locks::release_permits`](stagedoor_jobs::broker::Locks::release_permits) on Redis.
-    pub(crate) async fn release_permits(
+    pub(crate) async fn redis_release_permits(
         &self,
         key: &str,
         tokens: &[String],

@@ -107,7 +107,7 @@ fn stored_of(
 impl RedisBroker {
     /// [`Broker::publish`](stagedoor_jobs::broker::Broker::publish) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn publish(
+    pub(crate) async fn redis_publish(
         &self,
         queue: &str,
         jobs: Vec<(Envelope, Option<DateTime<Utc>>)>,
@@ -195,7 +195,7 @@ impl RedisBroker {
     /// `ttl` and the job published as [`publish`](stagedoor_jobs::broker::Broker::publish)
     /// does (its id once, to the delayed set when it is due later), in the same step. A full
     /// server refuses it whole.
-    pub(crate) async fn publish_once(
+    pub(crate) async fn redis_publish_once(
         &self,
         queue: &str,
         job: (Envelope, Option<DateTime<Utc>>),
@@ -246,7 +246,7 @@ impl RedisBroker {
 
     /// [`Broker::finish_guard`](stagedoor_jobs::broker::Broker::finish_guard): one script
     /// (the guard keeps its value; its time to live becomes `ttl`).
-    pub(crate) async fn finish_guard(
+    pub(crate) async fn redis_finish_guard(
         &self,
         queue: &str,
         guard: &str,

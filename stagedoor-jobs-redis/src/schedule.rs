@@ -14,7 +14,7 @@ use crate::scripts;
 impl RedisBroker {
     /// [`Locks::try_lock`](stagedoor_jobs::broker::Locks::try_lock) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn try_lock(
+    pub(crate) async fn redis_try_lock(
         &self,
         key: &str,
         token: &str,
@@ -35,7 +35,7 @@ impl RedisBroker {
 
     /// [`Locks::last_tick`](stagedoor_jobs::broker::Locks::last_tick) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn last_tick(
+    pub(crate) async fn redis_last_tick(
         &self,
         schedule: &str,
     ) -> Result<Option<DateTime<Utc>>, BrokerError> {
@@ -50,7 +50,7 @@ impl RedisBroker {
 
     /// [`Locks::mark_tick`](stagedoor_jobs::broker::Locks::mark_tick) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn mark_tick(
+    pub(crate) async fn redis_mark_tick(
         &self,
         schedule: &str,
         tick: DateTime<Utc>,
@@ -67,7 +67,7 @@ impl RedisBroker {
 
     /// [`Locks::unlock`](stagedoor_jobs::broker::Locks::unlock) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
+    pub(crate) async fn redis_unlock(&self, key: &str, token: &str) -> Result<(), BrokerError> {
         let mut c = self.conn()?;
         let _: i64 = scripts::UNLOCK
             .key(format!("stagedoor:lock:{{{}{key}}}", self.namespace))

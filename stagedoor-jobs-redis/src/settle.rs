@@ -132,7 +132,7 @@ async fn settle_batch(
 impl RedisBroker {
     /// [`Broker::renew`](stagedoor_jobs::broker::Broker::renew) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn renew(
+    pub(crate) async fn redis_renew(
         &self,
         queue: &str,
         receipt: &RedisReceipt,
@@ -154,7 +154,7 @@ impl RedisBroker {
 
     /// [`Broker::settle`](stagedoor_jobs::broker::Broker::settle) on Redis (the trait's impl
     /// in `broker.rs` calls this): in the stream's next batch.
-    pub(crate) async fn settle(
+    pub(crate) async fn redis_settle(
         &self,
         queue: &str,
         delivery: &Delivery<RedisReceipt>,

@@ -16,7 +16,7 @@ use crate::value;
 impl RedisBroker {
     /// [`Inspect::connect`](stagedoor_jobs::broker::Inspect::connect) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn connect(&self) -> Result<(), BrokerError> {
+    pub(crate) async fn redis_connect(&self) -> Result<(), BrokerError> {
         if self.namespace.contains(['{', '}']) {
             // Every key is `{<namespace><queue>}...`: a brace in the namespace ends the hash
             // tag early (on a Cluster a queue's keys land in other slots: CROSSSLOT).
@@ -90,7 +90,7 @@ impl RedisBroker {
 
     /// [`Broker::check`](stagedoor_jobs::broker::Broker::check) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
+    pub(crate) async fn redis_check(&self, mounts: &[MountInfo]) -> Vec<Problem> {
         let mut problems = Vec::new();
         for m in mounts {
             if let Some(dead) = &m.dead_letter {
@@ -110,7 +110,7 @@ impl RedisBroker {
 
     /// [`Broker::prepare`](stagedoor_jobs::broker::Broker::prepare) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn prepare(&self, queue: &str) -> Result<(), BrokerError> {
+    pub(crate) async fn redis_prepare(&self, queue: &str) -> Result<(), BrokerError> {
         let keys = self.keys(queue);
         self.prepare_stream(&keys).await?;
         // The streams of the priority levels in use (not at all for a queue without any).

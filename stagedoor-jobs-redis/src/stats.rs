@@ -18,7 +18,7 @@ use crate::value;
 impl RedisBroker {
     /// [`Broker::server_time`](stagedoor_jobs::broker::Broker::server_time) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
+    pub(crate) async fn redis_server_time(&self) -> Result<Option<DateTime<Utc>>, BrokerError> {
         let mut c = self.conn()?;
         let (secs, micros): (i64, i64) = cmd("TIME")
             .query_async(&mut c)
@@ -36,7 +36,7 @@ impl RedisBroker {
 
     /// [`Inspect::stats`](stagedoor_jobs::broker::Inspect::stats) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
+    pub(crate) async fn redis_stats(&self, queue: &str) -> Result<QueueStats, BrokerError> {
         let keys = self.keys(queue);
         let mut c = self.conn()?;
         if Keys::is_dead(queue) {
@@ -211,7 +211,7 @@ impl RedisBroker {
 
     /// [`Inspect::queues`](stagedoor_jobs::broker::Inspect::queues) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn queues(&self) -> Result<Vec<String>, BrokerError> {
+    pub(crate) async fn redis_queues(&self) -> Result<Vec<String>, BrokerError> {
         // Every stream under this namespace: `{ns jobs}` is the queue `jobs`, `{ns jobs}:dead`
         // its dead stream. On a Redis Cluster SCAN answers for one node: name the queue
         // there instead of listing.
@@ -260,7 +260,7 @@ impl RedisBroker {
 
     /// [`DeadLetters::dead_len`](stagedoor_jobs::broker::DeadLetters::dead_len) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
+    pub(crate) async fn redis_dead_len(&self, dead: &str) -> Result<u64, BrokerError> {
         let keys = self.keys(dead);
         let mut c = self.conn()?;
         let len: i64 = cmd("XLEN")
@@ -273,7 +273,7 @@ impl RedisBroker {
 
     /// [`Inspect::next_due`](stagedoor_jobs::broker::Inspect::next_due) on Redis (the trait's impl
     /// in `broker.rs` calls this).
-    pub(crate) async fn next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
+    pub(crate) async fn redis_next_due(&self, queue: &str) -> Option<DateTime<Utc>> {
         let keys = self.keys(queue);
         let mut c = self.conn().ok()?;
         let reply: Value = cmd("ZRANGE")
