@@ -21,6 +21,8 @@
 //!   directories; a file named names its directory). A crate's name in backticks names its directory and its `src/`, and names
 //!   its `src/lib.rs`.
 //!
+//! Every library module file is `foo.rs` (with its children in `foo/`), never `foo/mod.rs`.
+//!
 //! Today's known violations are listed in [`KNOWN_VIOLATIONS`]; an entry that no longer fails
 //! is an error too, so the list only shrinks. It must end empty.
 
@@ -842,5 +844,19 @@ fn architecture_names_every_library_file() {
         "unnamed",
         found,
         "name it in ARCHITECTURE.md, in its crate's table (what the file holds, one row)",
+    );
+}
+
+#[test]
+fn module_files_in_one_style() {
+    let found: BTreeMap<String, String> = library_files()
+        .into_iter()
+        .filter(|f| f.ends_with("/mod.rs"))
+        .map(|f| (format!("modrs {f}"), format!("{f}: a `mod.rs` module file")))
+        .collect();
+    judge(
+        "modrs",
+        found,
+        "name it after its module (`foo/mod.rs` -> `foo.rs`, children stay in `foo/`), the project's one style",
     );
 }

@@ -1,7 +1,7 @@
 //! The conformance suite every broker runs (feature `conformance`).
 //!
 //! One set of behavioural tests, written once against the [`Broker`](crate::Broker) contract and the runtime's
-//! outcome rules (DESIGN sections 3 and 4), that every backend runs unchanged: the in-memory
+//! outcome rules (what each handler outcome does to a job: ack, retry, drop, dead letter, and the caps and backoff that decide between them), that every backend runs unchanged: the in-memory
 //! broker on the harness's paused clock ([`TestApp::start`]), Redis and SQL against real servers
 //! on the real clock ([`TestApp::start_live`]). A backend provides a [`Fixture`] and invokes
 //! [`conformance_tests!`](crate::conformance_tests) once; each row becomes a `#[tokio::test]`
