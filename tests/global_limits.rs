@@ -323,6 +323,15 @@ async fn limits_child() {
         .await
         .unwrap_or_else(|e| panic!("the child worker starts: {e}"));
     println!("READY");
+    // The parent publishes once every child is claiming: else, on a loaded machine, the
+    // first child up takes every job before the others start, and the test shows nothing of
+    // a limit across processes.
+    let mut ready = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(ledger.with_extension("ready"))
+        .expect("the ready file");
+    writeln!(ready, "{}", std::process::id()).expect("write the ready file");
     tokio::time::sleep(PATIENCE * 2).await;
     running.shutdown().await;
 }
@@ -373,6 +382,23 @@ async fn run(kind: &str, mode: Mode, jobs: u64) -> Vec<Entry> {
     let mut children: Vec<ChildWorker> = (0..PROCESSES)
         .map(|_| ChildWorker::spawn(&backend, mode, &ledger))
         .collect();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let ready = std::fs::read_to_string(ledger.with_extension("ready")).unwrap_or_default();
+        if ready.lines().count() >= PROCESSES {
+            break;
+        }
+        for c in &mut children {
+            if let Some(f) = c.failure() {
+                panic!("{f}");
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{kind}: the child workers did not all start within {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     backend.publish(jobs).await;
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
