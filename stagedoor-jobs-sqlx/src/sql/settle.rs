@@ -84,23 +84,29 @@ fn build_dead_group(n: &Names) -> Stmt {
             let p = s.p(P::Attempt);
             sets.push(format!("{a} = {}", attempt_param(&p)));
         }
-        if let Some(d) = &n.due {
-            let p = s.p(P::Now);
-            sets.push(format!("{d} = {p}"));
-        }
-        if let Some(e) = col(n.table.last_error) {
-            let p = s.p(P::Error);
-            sets.push(format!("{e} = {p}"));
-        }
-        if let Some(h) = col(n.table.headers) {
-            let p = s.p(P::Headers);
-            sets.push(format!("{h} = {p}"));
-        }
+        push_move_sets(n, s, &mut sets);
         let idc = n.id_cond(s);
         let f = fence(s, locked);
         s.sql = format!("UPDATE {t} SET {} WHERE {idc} AND {f}", sets.join(", "));
     }
     dead_group
+}
+
+/// What a moved row gets, in this order of parameters: due now, the error and the headers of
+/// the move (each where the table has the column).
+fn push_move_sets(n: &Names, s: &mut Stmt, sets: &mut Vec<String>) {
+    if let Some(d) = &n.due {
+        let p = s.p(P::Now);
+        sets.push(format!("{d} = {p}"));
+    }
+    if let Some(e) = col(n.table.last_error) {
+        let p = s.p(P::Error);
+        sets.push(format!("{e} = {p}"));
+    }
+    if let Some(h) = col(n.table.headers) {
+        let p = s.p(P::Headers);
+        sets.push(format!("{h} = {p}"));
+    }
 }
 
 /// A row just copied into a table: no lease, due now, the error and headers of the move.
@@ -118,18 +124,7 @@ fn build_clear(n: &Names, replayed: bool) -> Stmt {
             sets.push(format!("{a} = {}", attempt_param(&p)));
         }
     }
-    if let Some(d) = &n.due {
-        let p = s.p(P::Now);
-        sets.push(format!("{d} = {p}"));
-    }
-    if let Some(e) = col(n.table.last_error) {
-        let p = s.p(P::Error);
-        sets.push(format!("{e} = {p}"));
-    }
-    if let Some(h) = col(n.table.headers) {
-        let p = s.p(P::Headers);
-        sets.push(format!("{h} = {p}"));
-    }
+    push_move_sets(n, &mut s, &mut sets);
     let idc = n.id_cond(&mut s);
     s.sql = format!("UPDATE {t} SET {} WHERE {idc}", sets.join(", "));
     s

@@ -20,8 +20,9 @@ pub(crate) struct Statements {
     pub(crate) claim_from: Stmt,
     /// The claim by priority: the highest level first, in due order among equals. Empty for a
     /// table without a priority column, whose claims are [`Statements::claim`]'s (due order);
-    /// with one, every [`FAIR_CLAIM_EVERY`](stagedoor_jobs::FAIR_CLAIM_EVERY)-th claim of a
-    /// queue is [`Statements::claim`]'s, so that no level starves.
+    /// with one, a claim the runtime asks for in due order
+    /// ([`ClaimOrder::Due`](stagedoor_jobs::ClaimOrder::Due), its turn that keeps any level from
+    /// starving) is [`Statements::claim`]'s.
     pub(crate) claim_prio: Stmt,
     /// [`Statements::claim_prio`] bounded below by a due time, as [`Statements::claim_from`].
     pub(crate) claim_prio_from: Stmt,
