@@ -25,6 +25,7 @@ pub mod graphile;
 pub mod probe;
 pub mod raw;
 pub mod raw_guarded;
+pub mod river;
 pub mod ruststream;
 pub mod stagedoor;
 
@@ -43,6 +44,8 @@ pub enum System {
     Apalis,
     /// graphile_worker (Rust).
     Graphile,
+    /// riverqueue 0.5 (River's official Rust client).
+    River,
     /// ruststream-sqlx / ruststream-fred.
     Ruststream,
     /// ruststream with its batch handler (`batch(n)`, a body over `[T]`).
@@ -69,6 +72,10 @@ macro_rules! each {
                 use graphile as $m;
                 $e
             }
+            System::River => {
+                use river as $m;
+                $e
+            }
             System::Ruststream | System::RuststreamBatch => {
                 use ruststream as $m;
                 $e
@@ -87,10 +94,11 @@ macro_rules! each {
 
 impl System {
     /// Every system, in table order.
-    pub const ALL: [System; 7] = [
+    pub const ALL: [System; 8] = [
         System::Stagedoor,
         System::Apalis,
         System::Graphile,
+        System::River,
         System::Ruststream,
         System::RuststreamBatch,
         System::Raw,
@@ -103,6 +111,7 @@ impl System {
             System::Stagedoor => "stagedoor-jobs",
             System::Apalis => "apalis",
             System::Graphile => "graphile_worker",
+            System::River => "riverqueue",
             System::Ruststream => "ruststream",
             System::RuststreamBatch => "ruststream batch",
             System::Raw => "raw, minimal loop",
@@ -116,6 +125,7 @@ impl System {
             System::Stagedoor => "stagedoor",
             System::Apalis => "apalis",
             System::Graphile => "graphile",
+            System::River => "river",
             System::Ruststream => "ruststream",
             System::RuststreamBatch => "ruststream-batch",
             System::Raw => "raw",
@@ -158,6 +168,7 @@ impl System {
             System::Stagedoor => Producer::Stagedoor(stagedoor::Producer::connect(t).await?),
             System::Apalis => Producer::Apalis(apalis::Producer::connect(t).await?),
             System::Graphile => Producer::Graphile(graphile::Producer::connect(t).await?),
+            System::River => Producer::River(river::Producer::connect(t).await?),
             System::Ruststream | System::RuststreamBatch => {
                 Producer::Ruststream(ruststream::Producer::connect(t).await?)
             }
@@ -184,6 +195,8 @@ pub enum Producer {
     Apalis(apalis::Producer),
     /// graphile_worker.
     Graphile(graphile::Producer),
+    /// riverqueue.
+    River(river::Producer),
     /// ruststream.
     Ruststream(ruststream::Producer),
     /// raw, minimal loop.
@@ -198,6 +211,7 @@ macro_rules! each_producer {
             Producer::Stagedoor($x) => $e,
             Producer::Apalis($x) => $e,
             Producer::Graphile($x) => $e,
+            Producer::River($x) => $e,
             Producer::Ruststream($x) => $e,
             Producer::Raw($x) => $e,
             Producer::RawGuarded($x) => $e,
