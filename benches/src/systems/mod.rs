@@ -21,6 +21,7 @@
 //! (or after the shortest delay the system allows), up to 3 attempts.
 
 pub mod apalis;
+pub mod bull;
 pub mod graphile;
 pub mod probe;
 pub mod raw;
@@ -44,6 +45,8 @@ pub enum System {
     Apalis,
     /// graphile_worker (Rust).
     Graphile,
+    /// bullmq-official 1.4 (BullMQ's Rust port).
+    Bullmq,
     /// riverqueue 0.5 (River's official Rust client).
     River,
     /// ruststream-sqlx / ruststream-fred.
@@ -72,6 +75,10 @@ macro_rules! each {
                 use graphile as $m;
                 $e
             }
+            System::Bullmq => {
+                use bull as $m;
+                $e
+            }
             System::River => {
                 use river as $m;
                 $e
@@ -94,10 +101,11 @@ macro_rules! each {
 
 impl System {
     /// Every system, in table order.
-    pub const ALL: [System; 8] = [
+    pub const ALL: [System; 9] = [
         System::Stagedoor,
         System::Apalis,
         System::Graphile,
+        System::Bullmq,
         System::River,
         System::Ruststream,
         System::RuststreamBatch,
@@ -111,6 +119,7 @@ impl System {
             System::Stagedoor => "stagedoor-jobs",
             System::Apalis => "apalis",
             System::Graphile => "graphile_worker",
+            System::Bullmq => "bullmq-official",
             System::River => "riverqueue",
             System::Ruststream => "ruststream",
             System::RuststreamBatch => "ruststream batch",
@@ -125,6 +134,7 @@ impl System {
             System::Stagedoor => "stagedoor",
             System::Apalis => "apalis",
             System::Graphile => "graphile",
+            System::Bullmq => "bullmq",
             System::River => "river",
             System::Ruststream => "ruststream",
             System::RuststreamBatch => "ruststream-batch",
@@ -168,6 +178,7 @@ impl System {
             System::Stagedoor => Producer::Stagedoor(stagedoor::Producer::connect(t).await?),
             System::Apalis => Producer::Apalis(apalis::Producer::connect(t).await?),
             System::Graphile => Producer::Graphile(graphile::Producer::connect(t).await?),
+            System::Bullmq => Producer::Bullmq(bull::Producer::connect(t).await?),
             System::River => Producer::River(river::Producer::connect(t).await?),
             System::Ruststream | System::RuststreamBatch => {
                 Producer::Ruststream(ruststream::Producer::connect(t).await?)
@@ -195,6 +206,8 @@ pub enum Producer {
     Apalis(apalis::Producer),
     /// graphile_worker.
     Graphile(graphile::Producer),
+    /// bullmq-official.
+    Bullmq(bull::Producer),
     /// riverqueue.
     River(river::Producer),
     /// ruststream.
@@ -211,6 +224,7 @@ macro_rules! each_producer {
             Producer::Stagedoor($x) => $e,
             Producer::Apalis($x) => $e,
             Producer::Graphile($x) => $e,
+            Producer::Bullmq($x) => $e,
             Producer::River($x) => $e,
             Producer::Ruststream($x) => $e,
             Producer::Raw($x) => $e,
