@@ -21,6 +21,7 @@
 //! (or after the shortest delay the system allows), up to 3 attempts.
 
 pub mod apalis;
+pub mod awa_pg;
 pub mod bull;
 pub mod graphile;
 pub mod probe;
@@ -47,6 +48,8 @@ pub enum System {
     Graphile,
     /// bullmq-official 1.4 (BullMQ's Rust port).
     Bullmq,
+    /// awa 0.6.
+    Awa,
     /// riverqueue 0.5 (River's official Rust client).
     River,
     /// ruststream-sqlx / ruststream-fred.
@@ -79,6 +82,10 @@ macro_rules! each {
                 use bull as $m;
                 $e
             }
+            System::Awa => {
+                use awa_pg as $m;
+                $e
+            }
             System::River => {
                 use river as $m;
                 $e
@@ -101,11 +108,12 @@ macro_rules! each {
 
 impl System {
     /// Every system, in table order.
-    pub const ALL: [System; 9] = [
+    pub const ALL: [System; 10] = [
         System::Stagedoor,
         System::Apalis,
         System::Graphile,
         System::Bullmq,
+        System::Awa,
         System::River,
         System::Ruststream,
         System::RuststreamBatch,
@@ -120,6 +128,7 @@ impl System {
             System::Apalis => "apalis",
             System::Graphile => "graphile_worker",
             System::Bullmq => "bullmq-official",
+            System::Awa => "awa",
             System::River => "riverqueue",
             System::Ruststream => "ruststream",
             System::RuststreamBatch => "ruststream batch",
@@ -135,6 +144,7 @@ impl System {
             System::Apalis => "apalis",
             System::Graphile => "graphile",
             System::Bullmq => "bullmq",
+            System::Awa => "awa",
             System::River => "river",
             System::Ruststream => "ruststream",
             System::RuststreamBatch => "ruststream-batch",
@@ -179,6 +189,7 @@ impl System {
             System::Apalis => Producer::Apalis(apalis::Producer::connect(t).await?),
             System::Graphile => Producer::Graphile(graphile::Producer::connect(t).await?),
             System::Bullmq => Producer::Bullmq(bull::Producer::connect(t).await?),
+            System::Awa => Producer::Awa(awa_pg::Producer::connect(t).await?),
             System::River => Producer::River(river::Producer::connect(t).await?),
             System::Ruststream | System::RuststreamBatch => {
                 Producer::Ruststream(ruststream::Producer::connect(t).await?)
@@ -208,6 +219,8 @@ pub enum Producer {
     Graphile(graphile::Producer),
     /// bullmq-official.
     Bullmq(bull::Producer),
+    /// awa.
+    Awa(awa_pg::Producer),
     /// riverqueue.
     River(river::Producer),
     /// ruststream.
@@ -225,6 +238,7 @@ macro_rules! each_producer {
             Producer::Apalis($x) => $e,
             Producer::Graphile($x) => $e,
             Producer::Bullmq($x) => $e,
+            Producer::Awa($x) => $e,
             Producer::River($x) => $e,
             Producer::Ruststream($x) => $e,
             Producer::Raw($x) => $e,
