@@ -1,12 +1,12 @@
 //! Global limits across worker processes: five child processes (this binary run again with
 //! the `limits_child` filter) serve one queue on one backend, each allowing 8 handlers at
-//! once, and write every handler's start and end to a shared ledger file (appends of one line,
+//! once (one in the concurrency case, so that 3 at once means 3 processes at once), and write every handler's start and end to a shared ledger file (appends of one line,
 //! atomic between processes). The parent publishes the jobs, waits for the ledger to show
 //! every job done, and reads it back:
 //!
 //! | what | where |
 //! |---|---|
-//! | `.global_concurrency(3)`: 60 jobs of 40 ms; no point of the ledger has more than 3 handlers between their start and end, 3 is reached, more than one process ran jobs, each job ran once (a held-back job spends no attempt) | [`concurrency`] |
+//! | `.global_concurrency(3)`: 60 jobs of 40 ms; no point of the ledger has more than 3 handlers between their start and end, 3 is reached (by three processes, each allowing one), more than one process ran jobs, each job ran once (a held-back job spends no attempt) | [`concurrency`] |
 //! | a worker killed holding both permits of `.global_concurrency(2)`: a second worker runs every job within a lease or so, never more than 2 at once | [`dead_worker`] |
 //! | `.rate_limit(50, 1 s)`: 150 jobs; no window of the ledger's starts holds more than 50 (windows of 900 ms: a start is logged a little after its permit is taken, see [`rate`]); the last start is at least 2 s after the first; each job ran once | [`rate`] |
 //!
@@ -273,11 +273,22 @@ impl Mode {
         }
     }
 
+    /// Handlers each process allows at once: one in [`Mode::Concurrency`], so that reaching the
+    /// limit of 3 takes three processes at once (a process that gives its permits back and
+    /// takes them again at once would otherwise run every job alone, which proves nothing about
+    /// processes); 8 otherwise.
+    fn slots(self) -> usize {
+        match self {
+            Mode::Concurrency => 1,
+            _ => 8,
+        }
+    }
+
     fn mount<B: Broker>(self) -> impl FnOnce(&mut RouteBuilder<B>) {
         move |b| {
             let m = b
                 .include(Subscriber::new(QUEUE, work).name("work"))
-                .concurrency(8);
+                .concurrency(self.slots());
             match self {
                 Mode::Concurrency => {
                     m.global_concurrency(3);
