@@ -191,12 +191,16 @@ impl Scenario {
             ),
             Scenario::Drain1 => format!(
                 "drain a backlog of {} no-op jobs, 1 worker process; from the first handler \
-                 start to the queue verified empty",
+                 start to the queue verified empty; worker CPU: user + system time of the \
+                 worker processes (`/proc/<pid>/stat`) from their first job done to the end, \
+                 per job",
                 s.drain
             ),
             Scenario::Drain4 => format!(
                 "drain a backlog of {} no-op jobs, 4 worker processes; from the first handler \
-                 start to the queue verified empty",
+                 start to the queue verified empty; worker CPU: user + system time of the \
+                 worker processes (`/proc/<pid>/stat`) from their first job done to the end, \
+                 per job",
                 s.drain
             ),
             Scenario::Limited => format!(
@@ -222,7 +226,7 @@ impl Scenario {
             ),
             Scenario::Failure => format!(
                 "failure path: {} jobs, each fails once then succeeds; to the queue verified \
-                 empty",
+                 empty; worker CPU per job as in drain-1",
                 s.failure
             ),
             Scenario::Memory => format!(
@@ -273,6 +277,10 @@ impl Scenario {
         }
     }
 }
+
+/// The workers' CPU per job (user and system, every worker process, every thread), µs, from
+/// their first report of a job done to the queue verified empty.
+pub const WORKER_CPU: &str = "worker CPU µs/job";
 
 /// One measurement's figures, by metric ("jobs/s", "p50 ms", ...), and a note when it did not
 /// finish (capped, failed).
@@ -643,9 +651,14 @@ pub async fn measure(
             let end = deadline();
             let mut samples: Vec<(u64, u64)> = Vec::new();
             let sample_every = Duration::from_millis(if sc == Scenario::Memory { 100 } else { 10 });
+            // The workers' CPU from their first report of a job done (start-up left out).
+            let mut cpu_from: Option<(f64, u64)> = None;
             // Until the workers report most of the jobs done: their reports (every 20 ms).
             let mut r = loop {
                 let r = w.total();
+                if cpu_from.is_none() && r.done > 0 {
+                    cpu_from = Some((w.cpu_seconds(), r.done));
+                }
                 if sc == Scenario::Memory {
                     let rss = w.memory().first().map_or(0, |m| m.0);
                     samples.push((r.done, rss));
@@ -671,6 +684,7 @@ pub async fn measure(
                 }
                 tokio::time::sleep(PROBE_EVERY).await;
             }
+            let cpu_to = (w.cpu_seconds(), r.done);
             let (jobs_s, mut note) = rate(&r, filled, empty_at);
             if filled < n {
                 note = Some(format!(
@@ -690,6 +704,15 @@ pub async fn measure(
                 _ => None,
             };
             let mut f = Figures::one("jobs/s", jobs_s);
+            if let Some((cpu0, done0)) = cpu_from
+                && cpu_to.1 > done0
+                && empty_at.is_some()
+            {
+                f = f.with(
+                    WORKER_CPU,
+                    (cpu_to.0 - cpu0) * 1e6 / (cpu_to.1 - done0) as f64,
+                );
+            }
             if sc == Scenario::Memory {
                 let peak = w.memory().first().map_or(0, |m| m.1);
                 // Growth: resident memory at the end against a quarter of the way through.

@@ -169,14 +169,14 @@ pub(crate) fn decode(
                 .insert(shown(name), String::from_utf8_lossy(v).into_owned());
         }
     }
-    let mut env = Envelope::new(kind, payload, enqueued)
+    // An entry added by hand may have no `job_id`: it gets one here.
+    let id = text(fields, "job_id")
+        .filter(|i| !i.is_empty())
+        .map_or_else(JobId::new, JobId::from_string);
+    Ok(Envelope::stored(id, kind, payload, enqueued)
         .with_attempt(attempt)
         .with_headers(headers)
-        .with_priority(level(fields));
-    if let Some(id) = text(fields, "job_id").filter(|i| !i.is_empty()) {
-        env = env.with_id(JobId::from_string(id));
-    }
-    Ok(env)
+        .with_priority(level(fields)))
 }
 
 /// The attempts an entry says were spent (before it was added to a queue's stream; when it

@@ -289,8 +289,7 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
         let kind = doc.kind.clone().unwrap_or_else(|| queue.to_owned());
         let id = doc.job_id.clone().unwrap_or_else(|| r.id.clone());
         let enqueued = r.enqueued_at.or(r.due).unwrap_or_else(|| self.broker.now());
-        Envelope::new(kind, r.payload.clone(), enqueued)
-            .with_id(JobId::from_string(id))
+        Envelope::stored(JobId::from_string(id), kind, r.payload.clone(), enqueued)
             .with_attempt(attempt_number(r.attempt, 1))
             .with_headers(doc.headers())
             .with_priority(r.priority)

@@ -171,6 +171,26 @@ impl Envelope {
         }
     }
 
+    /// An envelope read back from a backend: the job stored under `id`, of `kind`, with its
+    /// payload and enqueue time, attempt 0 and default headers until set. Unlike
+    /// [`new`](Self::new) it mints no id (a backend decoding a delivery has one already).
+    pub fn stored(
+        id: JobId,
+        kind: impl Into<String>,
+        payload: Vec<u8>,
+        enqueued_at: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            id,
+            kind: kind.into(),
+            attempt: 0,
+            payload,
+            headers: Headers::default(),
+            enqueued_at,
+            priority: Priority::NORMAL,
+        }
+    }
+
     /// The job's id.
     pub fn id(&self) -> &JobId {
         &self.id

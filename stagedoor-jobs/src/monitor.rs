@@ -24,6 +24,9 @@
 //! a mount for every kind keeps its name among the first 100 kinds the queue's worker labelled,
 //! and is `other` past them.
 //!
+//! Install the recorder before the service starts: the job path registers its counters and
+//! histogram once per queue and kind label (`counters::QueueMetrics`) and reuses the handles.
+//!
 //! The same health, per queue and task, is on [`Running::health`](crate::Running::health).
 
 use std::collections::HashMap;

@@ -141,7 +141,7 @@ impl<B: Broker> Worker<B> {
                 String::new(),
             )),
         };
-        crate::counters::handler_duration(
+        self.queue.metrics.handler_duration(
             &self.queue.name,
             self.kind_label(env.kind()),
             started.elapsed(),

@@ -242,6 +242,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                     cancels: Mutex::new(HashMap::new()),
                     held_id: ctx.held_back.register(&q.name),
                     fair: crate::broker::FairTurn::default(),
+                    renew_tick: tokio::sync::watch::Sender::new(()),
                 };
                 handles.push(tokio::spawn(Arc::new(worker).run()));
             }
@@ -407,6 +408,7 @@ fn queues_of(mounts: &[MountRt]) -> Vec<QueueRt> {
                     every_kind: None,
                     slots: 0,
                     kind_labels: Arc::default(),
+                    metrics: Arc::default(),
                 });
                 queues.len() - 1
             }

@@ -44,6 +44,8 @@ pub(super) struct QueueRt {
     pub(super) slots: usize,
     /// The kinds the mount for every kind labelled in the metrics.
     pub(super) kind_labels: Arc<crate::counters::KindLabels>,
+    /// The queue's metric handles, by kind label.
+    pub(super) metrics: Arc<crate::counters::QueueMetrics>,
 }
 
 /// Counts one delivery out of the service's in-flight count, and its queue's, when dropped
@@ -97,6 +99,9 @@ pub(super) struct Worker<B> {
     pub(super) cancels: Mutex<HashMap<crate::JobId, crate::Cancellation>>,
     /// The claims that took jobs, which pick each claim's order (the fair turn).
     pub(super) fair: FairTurn,
+    /// Ticks every third of the lease ([`tick_renewals`](Self::tick_renewals)): each delivery
+    /// in flight renews its lease at each tick, with no timer of its own.
+    pub(super) renew_tick: tokio::sync::watch::Sender<()>,
 }
 
 impl<B: Broker> Worker<B> {
@@ -115,7 +120,7 @@ impl<B: Broker> Worker<B> {
                         tokio::join!(l.renew_loop(&w.broker), l.release_loop(&w.broker));
                     }
                 };
-                tokio::join!(permits, w.watch_cancels());
+                tokio::join!(permits, w.watch_cancels(), w.tick_renewals());
             })
         };
         supervise(
