@@ -14,7 +14,7 @@ use crate::dialect::sealed::{Driver, Value};
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::receipt::IdValue;
 use crate::rows::Vals;
-use crate::sql::{FENCES, Flavor, Statements};
+use crate::sql::{FENCES, Flavor, Many, Statements};
 
 /// What a settlement does to its row.
 pub(crate) enum Op {
@@ -211,10 +211,10 @@ async fn settle_pass<DB: Dialect>(
         // Both in one statement. The rows differ (one settlement per row in a batch), so the
         // ids it returns tell both kinds apart.
         let n = bucket(acks.len().max(retries.len()));
-        let (sql, has_due, has_error) = stmts.delete_and_retry_many(n, at);
+        let b = stmts.many(Many::DeleteAndRetry, n, at);
         let mut binds = ack_binds(batch, acks, n, at);
-        binds.extend(retry_binds(batch, retries, n, has_due, has_error, at));
-        let rows = DB::fetch(&mut *conn, sql, binds)
+        binds.extend(retry_binds(batch, retries, n, b.has_due, b.has_error, at));
+        let rows = DB::fetch(&mut *conn, b.sql, binds)
             .await
             .map_err(|e| before(db_err(e)))?;
         mark::<DB>(&rows, batch, acks, done);
@@ -224,16 +224,16 @@ async fn settle_pass<DB: Dialect>(
     if !acks.is_empty() {
         let n = bucket(acks.len());
         let binds = ack_binds(batch, acks, n, at);
-        let rows = DB::fetch(&mut *conn, stmts.delete_many(n, at), binds)
+        let rows = DB::fetch(&mut *conn, stmts.many(Many::Delete, n, at).sql, binds)
             .await
             .map_err(|e| before(db_err(e)))?;
         mark::<DB>(&rows, batch, acks, done);
     }
     if !retries.is_empty() {
         let n = bucket(retries.len());
-        let (sql, has_due, has_error) = stmts.retry_many(n, at);
-        let binds = retry_binds(batch, retries, n, has_due, has_error, at);
-        let rows = DB::fetch(&mut *conn, sql, binds)
+        let b = stmts.many(Many::Retry, n, at);
+        let binds = retry_binds(batch, retries, n, b.has_due, b.has_error, at);
+        let rows = DB::fetch(&mut *conn, b.sql, binds)
             .await
             .map_err(|e| before(db_err(e)))?;
         mark::<DB>(&rows, batch, retries, done);

@@ -9,6 +9,7 @@
 //! through the job path.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -106,14 +107,14 @@ pub(crate) mod sealed {
         /// Runs `sql` with `binds`; the rows it changed.
         fn run<'c>(
             conn: &'c mut Self::Connection,
-            sql: String,
+            sql: impl Into<Arc<str>>,
             binds: Vec<Value>,
         ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
 
         /// Runs `sql` with `binds`; the rows it returned.
         fn fetch<'c>(
             conn: &'c mut Self::Connection,
-            sql: String,
+            sql: impl Into<Arc<str>>,
             binds: Vec<Value>,
         ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send + 'c;
 
@@ -146,7 +147,7 @@ pub(crate) mod sealed {
     }
 
     fn query<DB: Database>(
-        sql: String,
+        sql: Arc<str>,
         binds: Vec<Value>,
     ) -> sqlx::query::Query<'static, DB, DB::Arguments>
     where
@@ -183,10 +184,10 @@ pub(crate) mod sealed {
     {
         fn run<'c>(
             conn: &'c mut Self::Connection,
-            sql: String,
+            sql: impl Into<Arc<str>>,
             binds: Vec<Value>,
         ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c {
-            let q = query::<DB>(sql, binds);
+            let q = query::<DB>(sql.into(), binds);
             async move {
                 let done = sqlx::Executor::execute(conn, q).await?;
                 Ok(DB::rows_affected(&done))
@@ -195,10 +196,10 @@ pub(crate) mod sealed {
 
         fn fetch<'c>(
             conn: &'c mut Self::Connection,
-            sql: String,
+            sql: impl Into<Arc<str>>,
             binds: Vec<Value>,
         ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send + 'c {
-            let q = query::<DB>(sql, binds);
+            let q = query::<DB>(sql.into(), binds);
             sqlx::Executor::fetch_all(conn, q)
         }
 

@@ -16,7 +16,7 @@ pub(crate) async fn run_in<DB: Dialect>(
     v: &Vals,
     table: &Table,
 ) -> Result<u64, BrokerError> {
-    DB::run(conn, stmt.sql.clone(), params(stmt, v, table))
+    DB::run(conn, stmt.text(), params(stmt, v, table))
         .await
         .map_err(db_err)
 }
@@ -28,7 +28,7 @@ pub(crate) async fn fetch_in<DB: Dialect>(
     v: &Vals,
     table: &Table,
 ) -> Result<Vec<DB::Row>, BrokerError> {
-    DB::fetch(conn, stmt.sql.clone(), params(stmt, v, table))
+    DB::fetch(conn, stmt.text(), params(stmt, v, table))
         .await
         .map_err(db_err)
 }

@@ -24,7 +24,7 @@ pub(crate) use parts::CHANNEL;
 #[allow(unreachable_pub)]
 pub use parts::Flavor;
 pub(crate) use parts::{FENCES, P, Stmt};
-pub(crate) use statements::Statements;
+pub(crate) use statements::{Many, Statements};
 
 use parts::Names;
 
@@ -122,6 +122,7 @@ impl Statements {
             qualified: n.t,
             id_col: n.id,
             locked_col: n.locked,
+            many: Default::default(),
         }
     }
 

@@ -18,7 +18,7 @@ use crate::headers::HeaderDoc;
 use crate::locks::{create_bookkeeping_in, ensure_bookkeeping, lock_holder, take_lock};
 use crate::publish::{chunks, keyed_by_row, reports};
 use crate::rows::{Vals, params_rows, returned_ids};
-use crate::sql::Flavor;
+use crate::sql::{Flavor, Many};
 
 impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     fn encode_job(
@@ -167,7 +167,8 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
                 for n in chunks(vals.len()) {
                     let (chunk, more) = rest.split_at(n);
                     rest = more;
-                    let (sql, template) = stmts.insert_many(n);
+                    let sql = stmts.many(Many::Insert, n, false).sql;
+                    let template = stmts.insert_template();
                     let rows = DB::fetch(&mut tx, sql, params_rows(template, chunk, self.table()))
                         .await
                         .map_err(db_err)?;

@@ -68,9 +68,17 @@ pub(crate) enum P {
 pub(crate) struct Stmt {
     pub(crate) sql: String,
     pub(crate) params: Vec<P>,
+    /// [`sql`](Self::sql) as shared text, made at the first run: each run hands the driver a
+    /// reference to it instead of a copy.
+    shared: std::sync::OnceLock<std::sync::Arc<str>>,
 }
 
 impl Stmt {
+    /// The statement's text, shared (a statement is built once and never changed after).
+    pub(crate) fn text(&self) -> std::sync::Arc<str> {
+        std::sync::Arc::clone(self.shared.get_or_init(|| self.sql.as_str().into()))
+    }
+
     /// The placeholder of `p`, numbered on first use.
     pub(crate) fn p(&mut self, p: P) -> String {
         let n = match self.params.iter().position(|x| *x == p) {

@@ -103,10 +103,11 @@ pub(super) fn build(n: &Names) -> Inserts {
 }
 
 impl Statements {
-    /// An insert of `n` rows (at most [`MAX_ROWS`](super::MAX_ROWS)) in one statement, and the
-    /// value of each placeholder in order: bind row 1's values, then row 2's, ... Returns the id
-    /// (as text) of each row it stored, in no particular order.
-    pub(crate) fn insert_many(&self, n: usize) -> (String, &[Option<P>]) {
+    /// An insert of `n` rows (at most [`MAX_ROWS`](super::MAX_ROWS)) in one statement: bind row
+    /// 1's values ([`insert_template`](Self::insert_template)), then row 2's, ... Returns the
+    /// id (as text) of each row it stored, in no particular order. Built once per `n`:
+    /// [`many`](Self::many).
+    pub(super) fn insert_many(&self, n: usize) -> String {
         let mut k = 0;
         let tuples: Vec<String> = (0..n)
             .map(|_| {
@@ -132,6 +133,11 @@ impl Statements {
             self.insert_conflict,
             insert_returning(&self.id_col)
         );
-        (sql, &self.insert_row)
+        sql
+    }
+
+    /// The value of each placeholder of one row of [`insert_many`](Self::insert_many), in order.
+    pub(crate) fn insert_template(&self) -> &[Option<P>] {
+        &self.insert_row
     }
 }

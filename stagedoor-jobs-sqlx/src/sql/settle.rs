@@ -140,7 +140,7 @@ impl Statements {
     /// walk a whole index for each row (statistics taken when the queue was empty say every
     /// index is one page), and a pinned xmin makes each walk longer. A row whose version
     /// moved is not found this way: the caller settles it again by id.
-    pub(crate) fn delete_many(&self, n: usize, at: bool) -> String {
+    pub(super) fn delete_many(&self, n: usize, at: bool) -> String {
         let (id, locked) = (&self.id_col, &self.locked_col);
         let per = 1 + FENCES + usize::from(at);
         let conds: Vec<String> = (0..n)
@@ -177,7 +177,7 @@ impl Statements {
     /// [`retry_many`](Self::retry_many) of `n` other rows in one statement (one round trip, one
     /// commit): binds the delete's values, then the retry's; returns the id (as text) of every
     /// row either settled, and the retry's two flags.
-    pub(crate) fn delete_and_retry_many(&self, n: usize, at: bool) -> (String, bool, bool) {
+    pub(super) fn delete_and_retry_many(&self, n: usize, at: bool) -> (String, bool, bool) {
         let delete = self.delete_many(n, at);
         let per = 1 + FENCES + usize::from(at);
         let (retry, has_due, has_error) = self.retry_many_from(n, n * per, at);
@@ -197,7 +197,7 @@ impl Statements {
     /// when it has a `last_error` one (the two flags returned), then (`at`) its `ctid` as text;
     /// returns the id (as text) of every row it released. `at`: as in
     /// [`delete_many`](Self::delete_many).
-    pub(crate) fn retry_many(&self, n: usize, at: bool) -> (String, bool, bool) {
+    pub(super) fn retry_many(&self, n: usize, at: bool) -> (String, bool, bool) {
         self.retry_many_from(n, 0, at)
     }
 

@@ -1,6 +1,10 @@
 //! [`Statements`]: every statement of one job table, built by `sql.rs` from its children.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use stagedoor_jobs::inbox::Table;
+use stagedoor_jobs::kit::lock;
 
 use super::parts::{P, Stmt};
 
@@ -85,11 +89,59 @@ pub(crate) struct Statements {
     pub(super) insert_conflict: &'static str,
     pub(super) id_col: String,
     pub(super) locked_col: String,
+    /// The batch statements built so far, by kind, row count and `at` (see [`Many`]): each is
+    /// built once, not at every batch. Bounded: batches come in a few sizes of at most
+    /// [`MAX_ROWS`](super::MAX_ROWS) rows.
+    pub(super) many: Mutex<HashMap<(Many, usize, bool), Batch>>,
+}
+
+/// A statement over many rows, for [`Statements::many`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Many {
+    /// [`Statements::delete_many`].
+    Delete,
+    /// [`Statements::retry_many`].
+    Retry,
+    /// [`Statements::delete_and_retry_many`] (Postgres).
+    DeleteAndRetry,
+    /// [`Statements::insert_many`] (`at` unused).
+    Insert,
+}
+
+/// A built batch statement: its text, and whether it binds a due time and an error per retried
+/// row (as the builders of [`Many`] return them).
+#[derive(Clone, Debug)]
+pub(crate) struct Batch {
+    pub(crate) sql: Arc<str>,
+    pub(crate) has_due: bool,
+    pub(crate) has_error: bool,
 }
 
 impl Statements {
     /// Whether the table has no statement for `s` (a role it lacks).
     pub(crate) fn lacks(s: &Stmt) -> bool {
         s.is_empty()
+    }
+
+    /// The statement `which` over `n` rows (`at`: found at their place), built at its first
+    /// use and shared after.
+    pub(crate) fn many(&self, which: Many, n: usize, at: bool) -> Batch {
+        let key = (which, n, at);
+        if let Some(b) = lock(&self.many).get(&key) {
+            return b.clone();
+        }
+        let (sql, has_due, has_error) = match which {
+            Many::Delete => (self.delete_many(n, at), false, false),
+            Many::Retry => self.retry_many(n, at),
+            Many::DeleteAndRetry => self.delete_and_retry_many(n, at),
+            Many::Insert => (self.insert_many(n), false, false),
+        };
+        let b = Batch {
+            sql: sql.into(),
+            has_due,
+            has_error,
+        };
+        lock(&self.many).insert(key, b.clone());
+        b
     }
 }
