@@ -2,6 +2,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -11,20 +14,37 @@ use serde::{Deserialize, Serialize};
 ///
 /// A job keeps its id through retries, dead-lettering and replay, so logs and traces of every
 /// attempt of one job share it.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct JobId(String);
+///
+/// Shared text: cloning an id (every delivery's log span, cancellation and settlement does)
+/// allocates nothing.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JobId(Arc<str>);
+
+impl Serialize for JobId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for JobId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Self::from_string)
+    }
+}
 
 impl JobId {
     /// A new, unique id.
     pub fn new() -> Self {
-        Self(uuid::Uuid::now_v7().simple().to_string())
+        let mut buf = uuid::Uuid::encode_buffer();
+        Self(Arc::from(
+            &*uuid::Uuid::now_v7().simple().encode_lower(&mut buf),
+        ))
     }
 
     /// An id given by the caller, e.g. derived from a schedule and its tick so that a duplicate
     /// enqueue can be recognised.
     pub fn from_string(id: impl Into<String>) -> Self {
-        Self(id.into())
+        Self(Arc::from(id.into()))
     }
 
     /// The id as text.
@@ -148,9 +168,11 @@ pub struct Headers {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Envelope {
     id: JobId,
-    kind: String,
+    /// Shared, as the id and the payload: a clone of an envelope (the handler's context gets
+    /// one per delivery) allocates nothing for them.
+    kind: Arc<str>,
     attempt: u32,
-    payload: Vec<u8>,
+    payload: Bytes,
     headers: Headers,
     enqueued_at: DateTime<Utc>,
     priority: Priority,
@@ -162,9 +184,9 @@ impl Envelope {
     pub fn new(kind: impl Into<String>, payload: Vec<u8>, enqueued_at: DateTime<Utc>) -> Self {
         Self {
             id: JobId::new(),
-            kind: kind.into(),
+            kind: Arc::from(kind.into()),
             attempt: 0,
-            payload,
+            payload: Bytes::from(payload),
             headers: Headers::default(),
             enqueued_at,
             priority: Priority::NORMAL,
@@ -182,9 +204,9 @@ impl Envelope {
     ) -> Self {
         Self {
             id,
-            kind: kind.into(),
+            kind: Arc::from(kind.into()),
             attempt: 0,
-            payload,
+            payload: Bytes::from(payload),
             headers: Headers::default(),
             enqueued_at,
             priority: Priority::NORMAL,
@@ -248,7 +270,8 @@ impl Envelope {
     }
     /// Takes the payload out.
     pub fn into_payload(self) -> Vec<u8> {
-        self.payload
+        // No copy unless a clone of this envelope still shares it.
+        Vec::from(self.payload)
     }
 }
 
@@ -344,7 +367,7 @@ impl Job {
 
     /// Sets the kind: which handler of the queue runs it.
     pub fn kind(mut self, kind: impl Into<String>) -> Self {
-        self.envelope.kind = kind.into();
+        self.envelope.kind = Arc::from(kind.into());
         self
     }
     /// Sets the id (by default a fresh UUIDv7).
