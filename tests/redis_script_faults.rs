@@ -13,7 +13,8 @@
 //!   been recorded already and the retry was told the job was there);
 //! - a job with 5,000 headers (10,000 fields, past Lua's `unpack` limit of about 8,000
 //!   values) publishes, is delayed, moved, retried, dead-lettered, replayed, reclaimed and
-//!   runs, every header kept.
+//!   runs, every header kept;
+//! - settlements sent after `SCRIPT FLUSH` load the script again and settle every job once.
 //!
 //! A missing variable fails the test under `scripts/test-all`; a plain `cargo test` without
 //! it lists the test as ignored.
@@ -1018,4 +1019,49 @@ async fn a_failed_claim_time_dead_letter_writes_nothing() {
     let dead = fx.dead().await;
     assert_eq!(dead.len(), 1, "once");
     assert!(text(&dead[0], "error").contains("`kind`"));
+}
+
+/// Settlements sent after the server forgot its scripts (`SCRIPT FLUSH`, as a restart or a
+/// failover to a replica that never ran them does): the settle batch's `NOSCRIPT` is answered by
+/// loading the script and calling again, and every job is settled once.
+async fn settles_after_the_scripts_are_flushed(on: On) {
+    let fx = Fx::new(on).await;
+    for i in 0..3 {
+        assert!(
+            fx.publish(job(&format!("f{i}")), None)
+                .await
+                .expect("publish")
+        );
+    }
+    let ds = fx.claim_n(3, Duration::from_secs(5)).await;
+    let _: Value = fx.q(cmd("SCRIPT").arg("FLUSH")).await;
+    for d in &ds {
+        fx.ack(d).await;
+    }
+    // Nothing is left to claim, and the acknowledged jobs are not delivered again after
+    // their lease.
+    tokio::time::sleep(LEASE * 2).await;
+    let again = fx
+        .broker
+        .claim(
+            QUEUE,
+            10,
+            Duration::from_millis(200),
+            stagedoor_jobs::broker::ClaimOrder::Priority,
+        )
+        .await
+        .expect("claim");
+    assert!(again.is_empty(), "settled once: {:?}", ids(&again));
+}
+
+#[ignore = "needs Redis: run scripts/test-all"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_settles_after_the_scripts_are_flushed() {
+    settles_after_the_scripts_are_flushed(On::Standalone).await;
+}
+
+#[ignore = "needs a Redis Cluster: run scripts/test-all"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_settles_after_the_scripts_are_flushed() {
+    settles_after_the_scripts_are_flushed(On::Cluster).await;
 }

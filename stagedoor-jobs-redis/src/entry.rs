@@ -150,9 +150,10 @@ pub(crate) fn decode(
     attempt: u32,
     added: DateTime<Utc>,
 ) -> Result<Envelope, String> {
-    let kind = text(fields, "kind")
+    let kind = get(fields, "kind")
         .filter(|k| !k.is_empty())
         .ok_or("the entry has no `kind` field")?;
+    let kind = String::from_utf8_lossy(kind);
     let payload = get(fields, "payload")
         .ok_or("the entry has no `payload` field")?
         .to_vec();
@@ -170,10 +171,10 @@ pub(crate) fn decode(
         }
     }
     // An entry added by hand may have no `job_id`: it gets one here.
-    let id = text(fields, "job_id")
+    let id = get(fields, "job_id")
         .filter(|i| !i.is_empty())
-        .map_or_else(JobId::new, JobId::from_string);
-    Ok(Envelope::stored(id, kind, payload, enqueued)
+        .map_or_else(JobId::new, |i| JobId::from(&*String::from_utf8_lossy(i)));
+    Ok(Envelope::stored(id, &kind, payload, enqueued)
         .with_attempt(attempt)
         .with_headers(headers)
         .with_priority(level(fields)))

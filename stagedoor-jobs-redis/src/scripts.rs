@@ -45,7 +45,7 @@ pub(crate) use cancel::{CANCEL_DELAYED, CANCEL_ENTRY};
 pub(crate) use claim::OLDEST_WAITING;
 pub(crate) use dead::{DEAD, REPLAY};
 pub(crate) use locks::{SET_MAX, TAKE_LOCK, UNLOCK};
-pub(crate) use lua::OomScript;
+pub(crate) use lua::{OomScript, ScriptCall};
 pub(crate) use mover::{LATEST_DUE_MS, MOVE_DUE};
 pub(crate) use permits::{RENEW_PERMITS, TAKE_PERMITS};
 pub(crate) use publish::{FINISH_GUARD, PUBLISH, PUBLISH_BODY, PUBLISH_ONCE};

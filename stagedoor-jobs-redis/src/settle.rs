@@ -71,11 +71,11 @@ async fn settle_batch(
             (hi, hi_id) = (o, &r.id);
         }
     }
-    let mut call = scripts::SETTLE_MANY.pick(allow_oom).key(&keys.stream);
-    call.key(&keys.ids)
-        .key(&keys.delayed)
-        .key(&keys.dead)
-        .arg(GROUP)
+    let mut call = scripts::ScriptCall::new(
+        scripts::SETTLE_MANY.pick(allow_oom),
+        &[&keys.stream, &keys.ids, &keys.delayed, &keys.dead],
+    );
+    call.arg(GROUP)
         .arg(consumer)
         .arg(DEAD_MAXLEN)
         .arg(lo_id)

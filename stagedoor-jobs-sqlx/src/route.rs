@@ -286,10 +286,10 @@ impl<DB: Dialect, Row: Inbox> SqlxRoute<DB, Row> {
     }
 
     fn envelope_of(&self, queue: &str, r: &RowRead, doc: &HeaderDoc) -> Envelope {
-        let kind = doc.kind.clone().unwrap_or_else(|| queue.to_owned());
-        let id = doc.job_id.clone().unwrap_or_else(|| r.id.clone());
+        let kind = doc.kind.as_deref().unwrap_or(queue);
+        let id = doc.job_id.as_deref().unwrap_or(&r.id);
         let enqueued = r.enqueued_at.or(r.due).unwrap_or_else(|| self.broker.now());
-        Envelope::stored(JobId::from_string(id), kind, r.payload.clone(), enqueued)
+        Envelope::stored(JobId::from(id), kind, r.payload.clone(), enqueued)
             .with_attempt(attempt_number(r.attempt, 1))
             .with_headers(doc.headers())
             .with_priority(r.priority)

@@ -59,6 +59,13 @@ impl Default for JobId {
     }
 }
 
+/// An id read as text (one allocation, where [`JobId::from_string`] of a `&str` makes two).
+impl From<&str> for JobId {
+    fn from(id: &str) -> Self {
+        Self(Arc::from(id))
+    }
+}
+
 impl fmt::Display for JobId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -196,15 +203,10 @@ impl Envelope {
     /// An envelope read back from a backend: the job stored under `id`, of `kind`, with its
     /// payload and enqueue time, attempt 0 and default headers until set. Unlike
     /// [`new`](Self::new) it mints no id (a backend decoding a delivery has one already).
-    pub fn stored(
-        id: JobId,
-        kind: impl Into<String>,
-        payload: Vec<u8>,
-        enqueued_at: DateTime<Utc>,
-    ) -> Self {
+    pub fn stored(id: JobId, kind: &str, payload: Vec<u8>, enqueued_at: DateTime<Utc>) -> Self {
         Self {
             id,
-            kind: Arc::from(kind.into()),
+            kind: Arc::from(kind),
             attempt: 0,
             payload: Bytes::from(payload),
             headers: Headers::default(),
