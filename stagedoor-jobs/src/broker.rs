@@ -314,13 +314,28 @@ pub trait Broker: DeadLetters + Locks + Activity {
 
     /// Extends a held delivery's lease. `Ok(false)` when it was already lost. The runtime
     /// renews every delivery it holds every third of the lease, from its claim until it is
-    /// settled: that is the worker's heartbeat, so a worker that dies gives its jobs back
-    /// within a lease while a live one keeps its slow handlers' jobs.
+    /// settled (with [`renew_many`](Broker::renew_many), one call per queue): that is the
+    /// worker's heartbeat, so a worker that dies gives its jobs back within a lease while a
+    /// live one keeps its slow handlers' jobs. It also renews one delivery alone between the
+    /// tries of a settlement that failed on the connection.
     fn renew(
         &self,
         queue: &str,
         receipt: &Self::Receipt,
     ) -> impl Future<Output = Result<bool, BrokerError>> + Send;
+
+    /// Extends the leases of several held deliveries of `queue`: one answer per receipt, in
+    /// order, each as [`renew`](Broker::renew) answers it. The runtime calls it once per queue
+    /// every third of the lease with every delivery it holds there. The default sends every
+    /// [`renew`](Broker::renew) at once and waits for all; a backend that can renew many in
+    /// one round trip may do so.
+    fn renew_many(
+        &self,
+        queue: &str,
+        receipts: &[&Self::Receipt],
+    ) -> impl Future<Output = Vec<Result<bool, BrokerError>>> + Send {
+        futures_util::future::join_all(receipts.iter().map(|r| self.renew(queue, r)))
+    }
 
     /// Settles a delivery in one atomic step: a crash before it leaves the delivery to be
     /// reclaimed after its lease; a crash after it cannot have half-done it (a retry is both

@@ -23,6 +23,7 @@ mod arrival;
 mod context;
 mod delivery;
 pub(crate) mod limits;
+mod renewals;
 mod route;
 mod settle;
 mod unreadable;

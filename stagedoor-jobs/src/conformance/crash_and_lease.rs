@@ -139,8 +139,9 @@ pub async fn job_abandoned_at_shutdown_comes_back_after_its_lease<F: Fixture>(fi
 }
 
 /// A settlement after a lost lease is fenced: claim, let the lease run out, claim again (a new
-/// receipt); settling the first receipt is `LeaseLost` and changes nothing, settling the second
-/// is `Done`.
+/// receipt); the first receipt does not renew (alone or in `renew_many`, which answers per
+/// receipt in order), settling it is `LeaseLost` and changes nothing, settling the second is
+/// `Done`.
 pub async fn settlement_after_a_lost_lease_is_fenced<F: Fixture>(fixture: F) {
     const Q: &str = "cf_fenced";
     let broker = fixture.broker_with_lease(LEASE).await;
@@ -184,6 +185,7 @@ pub async fn settlement_after_a_lost_lease_is_fenced<F: Fixture>(fixture: F) {
         !direct.renew(Q, &first.receipt).await.expect("renew"),
         "a lost lease cannot be renewed"
     );
+    renew_many_answers_in_order(&direct, Q, &first.receipt, &second.receipt).await;
     let before = direct.stats(Q).await.expect("stats");
     let failure = Failure::new(FailureCause::Error, "stale worker", "");
     let settled = direct
@@ -217,6 +219,27 @@ pub async fn settlement_after_a_lost_lease_is_fenced<F: Fixture>(fixture: F) {
         .expect("settle");
     assert_eq!(settled, Settled::Done);
     assert_empty_direct(&direct, Q, "after the second receipt acked").await;
+}
+
+/// `renew_many` (the runtime's call) of a lost lease and a live one: one answer per receipt,
+/// in order.
+async fn renew_many_answers_in_order<B: Broker>(
+    direct: &B,
+    q: &str,
+    lost: &B::Receipt,
+    live: &B::Receipt,
+) {
+    let many = direct
+        .renew_many(q, &[lost, live])
+        .await
+        .into_iter()
+        .map(|r| r.expect("renew_many"))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        many,
+        [false, true],
+        "renew_many: the lost lease is not renewed, the live one is"
+    );
 }
 
 /// A job abandoned at shutdown comes back when the harness moves time past its lease: the

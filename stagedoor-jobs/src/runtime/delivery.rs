@@ -1,5 +1,5 @@
 //! One claimed delivery: dispatch by kind to its mount, the cap checked before it runs, the
-//! handler run under `CatchPanic` with its lease renewed, and the outcome-to-settlement rules
+//! handler run under `CatchPanic` in the delivery's task with its lease renewed by the worker, and the outcome-to-settlement rules
 //! (`failed`, with `outcome.rs`).
 
 use std::sync::Arc;
@@ -56,6 +56,8 @@ impl<B: Broker> Worker<B> {
 
     pub(super) async fn process(&self, mut delivery: Delivery<B::Receipt>, cancel: Cancellation) {
         let refusal = self.refusal(&mut delivery);
+        // Shared with the worker's renewals while it is held.
+        let delivery = Arc::new(delivery);
         let env = &delivery.envelope;
         let span = tracing::info_span!(
             "job",
@@ -81,9 +83,10 @@ impl<B: Broker> Worker<B> {
                 return;
             }
             // The lease is renewed from here on, while the delivery waits for a slot of its
-            // mount and while its handler runs.
-            let run = self.run_handler(mount, env, &cancel);
-            let ran = self.with_renewal(&delivery, run).await;
+            // mount and while its handler runs, by the worker (`renewals.rs`).
+            let held = self.renewals.hold(&delivery);
+            let ran = self.run_handler(mount, env, &cancel).await;
+            held.release().await;
             // A job cancelled while it ran (or waited for its slot) is dropped, whatever its
             // handler answered.
             let Some(ran) = ran.filter(|_| !cancel.is_cancelled()) else {
@@ -102,7 +105,7 @@ impl<B: Broker> Worker<B> {
         .await
     }
 
-    /// Waits for a slot of `mount`, then runs its handler on `env` in a task of its own.
+    /// Waits for a slot of `mount`, then runs its handler on `env` (in the delivery's task).
     /// `None` when the job was cancelled before its slot came.
     async fn run_handler(
         &self,
@@ -129,18 +132,10 @@ impl<B: Broker> Worker<B> {
             .with_cancellation(cancel.clone()),
         );
         let started = std::time::Instant::now();
-        // In a task of its own: a handler that blocks its thread (blocking code
-        // without `spawn_blocking`) holds up only that task, not this one, which
-        // renews the lease meanwhile.
-        let handler = CatchPanic::new(spec.handler.run(ctx)).instrument(tracing::Span::current());
-        let ran = match (HandlerTask(tokio::spawn(handler))).await {
-            Ok(ran) => ran,
-            Err(e) => Err(Failure::new(
-                FailureCause::Panic,
-                format!("the handler's task ended without an outcome: {e}"),
-                String::new(),
-            )),
-        };
+        // In the delivery's task: a handler that blocks its thread (blocking code without
+        // `spawn_blocking`) holds up this task only, and the worker renews the lease meanwhile
+        // from a task of its own.
+        let ran = CatchPanic::new(spec.handler.run(ctx)).await;
         self.queue.metrics.handler_duration(
             &self.queue.name,
             self.kind_label(env.kind()),
@@ -228,26 +223,5 @@ impl<B: Broker> Worker<B> {
                 Settlement::Retry { delay, failure }
             }
         }
-    }
-}
-
-/// A handler's task, aborted when dropped (its delivery's task cancelled): it never outlives
-/// its delivery.
-struct HandlerTask<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for HandlerTask<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl<T> std::future::Future for HandlerTask<T> {
-    type Output = Result<T, tokio::task::JoinError>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }

@@ -242,7 +242,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                     cancels: Mutex::new(HashMap::new()),
                     held_id: ctx.held_back.register(&q.name),
                     fair: crate::broker::FairTurn::default(),
-                    renew_tick: tokio::sync::watch::Sender::new(()),
+                    renewals: Default::default(),
                 };
                 handles.push(tokio::spawn(Arc::new(worker).run()));
             }

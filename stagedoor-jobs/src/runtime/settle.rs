@@ -1,85 +1,17 @@
-//! A delivery's lease and its settlement: the lease renewed every third of it while the handler
-//! runs (at the ticks of one clock per worker), and the settlement tried again on a connection error (renewing the lease between
-//! tries) until it takes effect or its fence says the lease was lost.
+//! A delivery's settlement: tried again on a connection error (renewing the lease between
+//! tries) until it takes effect or its fence says the lease was lost. (The lease while the
+//! handler runs: `renewals.rs`.)
 
 use std::time::Duration;
 
+use super::renewals::MIN_RENEW_EVERY;
 use super::worker::Worker;
 use crate::broker::{Broker, Delivery, Settled, Settlement};
 
-/// The shortest time between two renewals of one delivery's lease, whatever the broker says
-/// its lease is.
-const MIN_RENEW_EVERY: Duration = Duration::from_millis(10);
 /// The longest wait between two tries of a settlement that failed on the connection.
 const SETTLE_RETRY_MAX: Duration = Duration::from_secs(1);
 
 impl<B: Broker> Worker<B> {
-    /// Ticks [`renew_tick`](Worker::renew_tick) every third of the lease, until the worker is
-    /// done (the caller aborts it after the last handler).
-    pub(super) async fn tick_renewals(&self) {
-        // A broker reporting a lease of (nearly) zero would make the renewals spin: renew at
-        // most every 10 ms.
-        let every = (self.broker.lease() / 3).max(MIN_RENEW_EVERY);
-        loop {
-            tokio::time::sleep(every).await;
-            self.renew_tick.send_modify(|()| {});
-        }
-    }
-
-    /// Runs `fut` while renewing the delivery's lease at each tick of the worker's renewal
-    /// clock (every third of the lease; the first tick comes within a third of the lease of
-    /// the start). A renewal under way when `fut` completes is finished, never cancelled
-    /// half-way, so a backend that moves its fence on renewal always knows the fence it
-    /// settles with. One clock for every delivery: no timer or channel per delivery.
-    pub(super) async fn with_renewal<T>(
-        &self,
-        delivery: &Delivery<B::Receipt>,
-        fut: impl Future<Output = T>,
-    ) -> T {
-        let done = tokio::sync::Notify::new();
-        let mut tick = self.renew_tick.subscribe();
-        let renew = async {
-            // A server away fails every renewal of every delivery: one line per delivery for
-            // the first failure of a streak, the rest at debug level.
-            let mut failing = false;
-            loop {
-                tokio::select! {
-                    biased;
-                    () = done.notified() => return,
-                    ticked = tick.changed() => {
-                        if ticked.is_err() {
-                            // The clock is the worker's and outlives its deliveries; were it
-                            // gone, renewing stops rather than spins.
-                            done.notified().await;
-                            return;
-                        }
-                    }
-                }
-                // Boxed: a backend's future can be many kilobytes (sqlx's are), and held
-                // inline it would make every delivery's task that large, copied at each spawn.
-                match Box::pin(self.broker.renew(&self.queue.name, &delivery.receipt)).await {
-                    Ok(true) => failing = false,
-                    Ok(false) => tracing::warn!(
-                        "lease lost while the handler runs: another worker may run this job; this worker's outcome will be discarded"
-                    ),
-                    Err(e) if failing => tracing::debug!(error = %e, "could not renew the lease"),
-                    Err(e) => {
-                        failing = true;
-                        tracing::warn!(error = %e, "could not renew the lease: trying again at the next tick");
-                    }
-                }
-            }
-        };
-        let work = async {
-            let out = fut.await;
-            // Stored if the renewal is under way: it sees it when that renewal is done.
-            done.notify_one();
-            out
-        };
-        let (out, ()) = tokio::join!(work, renew);
-        out
-    }
-
     /// A unique job that finished: its key stays held for its window from now.
     async fn finish_unique(&self, envelope: &crate::Envelope) {
         let Some((key, window)) = crate::envelope::unique_of(envelope.headers()) else {

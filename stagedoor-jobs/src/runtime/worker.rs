@@ -1,6 +1,6 @@
 //! A queue's worker: its claim loop under supervision, the deliveries it started and their
 //! in-flight count, and the graceful wait for them at shutdown. Running one delivery is in
-//! `delivery.rs`; renewing its lease and settling it, in `settle.rs`.
+//! `delivery.rs`; renewing its lease, in `renewals.rs`; settling it, in `settle.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -70,7 +70,7 @@ impl Drop for InFlight {
 }
 
 /// A queue of one broker: its claim loop, supervised, and the deliveries it started.
-pub(super) struct Worker<B> {
+pub(super) struct Worker<B: Broker> {
     pub(super) broker: B,
     pub(super) mounts: Arc<[MountRt]>,
     pub(super) queue: Arc<QueueRt>,
@@ -99,9 +99,8 @@ pub(super) struct Worker<B> {
     pub(super) cancels: Mutex<HashMap<crate::JobId, crate::Cancellation>>,
     /// The claims that took jobs, which pick each claim's order (the fair turn).
     pub(super) fair: FairTurn,
-    /// Ticks every third of the lease ([`tick_renewals`](Self::tick_renewals)): each delivery
-    /// in flight renews its lease at each tick, with no timer of its own.
-    pub(super) renew_tick: tokio::sync::watch::Sender<()>,
+    /// The deliveries in flight whose leases the worker renews (`Renewals::run`).
+    pub(super) renewals: super::renewals::Renewals<B::Receipt>,
 }
 
 impl<B: Broker> Worker<B> {
@@ -109,8 +108,8 @@ impl<B: Broker> Worker<B> {
     /// the running handlers.
     pub(super) async fn run(self: Arc<Self>) {
         let w = Arc::clone(&self);
-        // The global concurrency permits are renewed, and the running jobs' cancellations
-        // looked for, until every handler is done. The loops cannot fail (they log and try
+        // The leases and the global concurrency permits are renewed, and the running jobs'
+        // cancellations looked for, until every handler is done. The loops cannot fail (they log and try
         // again) and are aborted here.
         let renewer = {
             let w = Arc::clone(&self);
@@ -120,7 +119,11 @@ impl<B: Broker> Worker<B> {
                         tokio::join!(l.renew_loop(&w.broker), l.release_loop(&w.broker));
                     }
                 };
-                tokio::join!(permits, w.watch_cancels(), w.tick_renewals());
+                tokio::join!(
+                    permits,
+                    w.watch_cancels(),
+                    w.renewals.run(&w.broker, &w.queue.name)
+                );
             })
         };
         supervise(
