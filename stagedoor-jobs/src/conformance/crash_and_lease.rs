@@ -229,6 +229,8 @@ async fn renew_many_answers_in_order<B: Broker>(
     lost: &B::Receipt,
     live: &B::Receipt,
 ) {
+    // A conformance row (the `conformance` feature, run by a backend's tests, never by a
+    // worker): a panic here is the row failing, with the backend's error in its message.
     let many = direct
         .renew_many(q, &[lost, live])
         .await
