@@ -78,7 +78,7 @@ fn fields(inp: &mut Input<'_>) -> r::Fields {
             Some(known) => known.as_bytes().to_vec(),
             None => inp.chunk().to_vec(),
         };
-        f.push((name, inp.chunk().to_vec()));
+        f.push((name.into(), inp.chunk().to_vec().into()));
     }
     f
 }
@@ -150,14 +150,23 @@ pub fn member(data: &[u8]) {
     }
 }
 
-/// Target `redis_reply`: any bytes as a server reply (RESP), read as the claim, the
-/// dead-letter listing and the cancel read theirs: no panic, and each entry's fields decode
+/// Target `redis_reply`: any bytes as a server reply (RESP), read as the claim (through
+/// redis-rs, and by the reader of a plain connection), the dead-letter listing and the cancel
+/// read theirs: no panic, and each entry's fields decode
 /// or are refused with a reason.
 pub fn reply(data: &[u8]) {
     if let Some(streams) = r::streams_reply(data) {
         for (_, entries) in streams {
             for (id, f) in entries {
                 let _ = r::id_time(&id);
+                let _ = r::attempts(&f)
+                    .map(|s| r::decode(&f, r::attempt_of(s, 1, false), r::id_time(&id)));
+            }
+        }
+    }
+    if let Some(streams) = r::claim_read(data) {
+        for (_, entries) in streams {
+            for (id, f) in entries {
                 let _ = r::attempts(&f)
                     .map(|s| r::decode(&f, r::attempt_of(s, 1, false), r::id_time(&id)));
             }

@@ -90,6 +90,13 @@ pub fn streams_reply(resp: &[u8]) -> Option<Vec<(String, Entries)>> {
     Some(value::into_streams_reply(v))
 }
 
+/// A server reply in RESP bytes, read as a claim on a plain connection reads an
+/// `XREADGROUP` reply (`read_conn.rs`, without redis-rs): each stream's key and its entries.
+/// `None` when the bytes are not one whole reply of that shape (or are the server's error).
+pub fn claim_read(resp: &[u8]) -> Option<Vec<(String, Entries)>> {
+    crate::read_conn::read_reply(resp).ok().flatten()
+}
+
 /// A server reply in RESP bytes, read as the dead-letter listing reads an `XRANGE` reply (by
 /// reference, then taken), and as the claim script's `{entries, trimmed}` reply is read: the
 /// entries of each reading. `None` when the bytes are not one RESP value.

@@ -93,6 +93,11 @@ pub(crate) struct Inner {
     pub(crate) allow_oom: AtomicBool,
     /// One connection per queue for blocking reads, which would hold up the shared one.
     pub(crate) blocking: tokio::sync::Mutex<HashMap<String, Conn>>,
+    /// Where a queue's claim reads go on a connection of their own with the reply reader of
+    /// `read_conn.rs` (a standalone server over TCP or a Unix socket; `None`: through
+    /// redis-rs), and each queue's such connection.
+    pub(crate) read_target: Option<crate::read_conn::ReadTarget>,
+    pub(crate) read_conns: Mutex<HashMap<String, Arc<crate::read_conn::ReadConn>>>,
     /// This process's consumer name in every group.
     pub(crate) consumer: String,
     /// When each queue last looked for entries to reclaim and for due delayed jobs.
@@ -145,8 +150,14 @@ impl RedisBroker {
             std::process::id(),
             &uuid::Uuid::now_v7().simple().to_string()[20..]
         );
+        let read_target = match &target {
+            Ok(Target::Single(client)) => crate::read_conn::ReadTarget::of(client),
+            _ => None,
+        };
         Self {
             inner: Arc::new(Inner {
+                read_target,
+                read_conns: Mutex::new(HashMap::new()),
                 target,
                 errors: Arc::new(Errors::new(url_for_messages.clone())),
                 url_for_messages,
@@ -250,6 +261,16 @@ impl RedisBroker {
         let c = target.connect().await.map_err(|e| self.err(e))?;
         map.insert(queue.to_owned(), c.clone());
         Ok(c)
+    }
+
+    /// `queue`'s connection for claim reads read by `read_conn.rs`, when the server is reached
+    /// that way.
+    pub(crate) fn read_conn(&self, queue: &str) -> Option<Arc<crate::read_conn::ReadConn>> {
+        let target = self.inner.read_target.as_ref()?;
+        let mut map = stagedoor_jobs::kit::lock(&self.inner.read_conns);
+        Some(Arc::clone(map.entry(queue.to_owned()).or_insert_with(
+            || Arc::new(crate::read_conn::ReadConn::new(target.clone())),
+        )))
     }
 
     /// The time now on the broker's clock (the server's, once the runtime has synced it).

@@ -14,8 +14,10 @@ use stagedoor_jobs::broker::{BrokerError, ClaimOrder, Claimed, Delivery, Unreada
 use stagedoor_jobs::kit::lock;
 
 use crate::broker::{DEAD_MAXLEN, GROUP, RedisBroker, RedisReceipt, ms};
+use crate::conn::RESPONSE_TIMEOUT;
 use crate::entry::{self, Fields};
 use crate::keys::Keys;
+use crate::read_conn::ReadError;
 use crate::scripts;
 use crate::value;
 
@@ -261,14 +263,28 @@ impl RedisBroker {
         for _ in keys {
             read.arg(">");
         }
-        let mut c = if blocking {
-            self.blocking_conn(queue).await?
-        } else {
-            self.conn()?
+        let reply = match self.read_conn(queue) {
+            Some(r) => r
+                .read(&read.get_packed_command(), block + RESPONSE_TIMEOUT)
+                .await
+                .map_err(|e| match e {
+                    ReadError::Io(e) => redis::RedisError::from(e),
+                    ReadError::Server(e) => e,
+                }),
+            None => {
+                let mut c = if blocking {
+                    self.blocking_conn(queue).await?
+                } else {
+                    self.conn()?
+                };
+                read.query_async(&mut c)
+                    .await
+                    .map(value::into_streams_reply)
+            }
         };
         // Both reads, blocking or not, make a deleted stream again (it used to be only the
         // blocking one: the other failed every claim until a blocking read happened).
-        let reply: Value = match read.query_async(&mut c).await {
+        let reply = match reply {
             Ok(v) => v,
             Err(e) if e.to_string().contains("NOGROUP") => {
                 // A stream was deleted under us: make them again.
@@ -276,11 +292,11 @@ impl RedisBroker {
                 for (_, k) in keys {
                     self.prepare_stream(k).await?;
                 }
-                Value::Nil
+                Vec::new()
             }
             Err(e) => return Err(self.err(e)),
         };
-        for (stream, entries) in value::into_streams_reply(reply) {
+        for (stream, entries) in reply {
             let Some((level, k)) = keys.iter().find(|(_, k)| k.stream == stream) else {
                 tracing::error!(
                     queue,

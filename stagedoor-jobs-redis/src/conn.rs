@@ -28,7 +28,7 @@ pub(crate) enum Conn {
 }
 
 /// How long a command may take: longer than the longest blocking read.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Target {
     /// Opens a connection; `Err` is the server's or the network's answer.

@@ -5,6 +5,7 @@
 
 use std::sync::atomic::Ordering;
 
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use redis::{Value, cmd};
 use stagedoor_jobs::Envelope;
@@ -298,7 +299,11 @@ impl RedisBroker {
                     value::entries(reply)
                         .into_iter()
                         .find(|(i, _)| i == id)
-                        .map(|(_, f)| f),
+                        .map(|(_, f)| {
+                            f.into_iter()
+                                .map(|(k, v)| (k.to_vec(), v.to_vec()))
+                                .collect()
+                        }),
                 );
             }
         }
@@ -356,10 +361,13 @@ impl RedisBroker {
             None => fields.clone(),
         };
         f = entry::without(&f, &["error", "traceback", "failed_at", "origin"]);
-        f.push(("error".into(), error.as_bytes().to_vec()));
-        f.push(("traceback".into(), traceback.as_bytes().to_vec()));
-        f.push(("failed_at".into(), self.now().to_rfc3339().into_bytes()));
-        f.push(("origin".into(), origin.as_bytes().to_vec()));
+        f.push(("error".into(), Bytes::copy_from_slice(error.as_bytes())));
+        f.push((
+            "traceback".into(),
+            Bytes::copy_from_slice(traceback.as_bytes()),
+        ));
+        f.push(("failed_at".into(), self.now().to_rfc3339().into()));
+        f.push(("origin".into(), Bytes::copy_from_slice(origin.as_bytes())));
         f
     }
 

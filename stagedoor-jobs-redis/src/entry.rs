@@ -10,44 +10,44 @@
 //! Names and values are kept as the bytes the server holds: an entry added by hand with a
 //! field name that is not UTF-8 is re-added (retried, dead-lettered) with the same name.
 
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::broker::MAX_ATTEMPT;
 use stagedoor_jobs::{Envelope, Headers, JobId, Priority};
 
 /// Fields of one entry, in order, as bytes.
-pub(crate) type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+pub(crate) type Fields = Vec<(Bytes, Bytes)>;
 
 /// The fields of `envelope`, whose job has spent `attempts`.
 pub(crate) fn encode(envelope: &Envelope, attempts: u32) -> Fields {
     let h = envelope.headers();
     let mut f: Fields = vec![
-        ("kind".into(), envelope.kind().as_bytes().to_vec()),
-        ("job_id".into(), envelope.id().as_str().as_bytes().to_vec()),
-        ("attempts".into(), attempts.to_string().into_bytes()),
-        ("payload".into(), envelope.payload().to_vec()),
+        (
+            "kind".into(),
+            Bytes::copy_from_slice(envelope.kind().as_bytes()),
+        ),
+        (
+            "job_id".into(),
+            Bytes::copy_from_slice(envelope.id().as_str().as_bytes()),
+        ),
+        ("attempts".into(), attempts.to_string().into()),
+        ("payload".into(), Bytes::copy_from_slice(envelope.payload())),
         (
             "enqueued_at".into(),
-            envelope
-                .enqueued_at()
-                .timestamp_millis()
-                .to_string()
-                .into_bytes(),
+            envelope.enqueued_at().timestamp_millis().to_string().into(),
         ),
     ];
     if envelope.priority() != Priority::NORMAL {
-        f.push((
-            "priority".into(),
-            envelope.priority().to_string().into_bytes(),
-        ));
+        f.push(("priority".into(), envelope.priority().to_string().into()));
     }
     if let Some(r) = &h.request_id {
-        f.push(("request_id".into(), r.as_bytes().to_vec()));
+        f.push(("request_id".into(), r.clone().into()));
     }
     if let Some(t) = &h.trace {
-        f.push(("trace".into(), t.as_bytes().to_vec()));
+        f.push(("trace".into(), t.clone().into()));
     }
     for (k, v) in &h.extra {
-        f.push((format!("h.{k}").into_bytes(), v.as_bytes().to_vec()));
+        f.push((format!("h.{k}").into(), v.clone().into()));
     }
     f
 }
@@ -79,7 +79,7 @@ pub(crate) fn get<'a>(fields: &'a Fields, name: &str) -> Option<&'a [u8]> {
     fields
         .iter()
         .find(|(k, _)| k == name.as_bytes())
-        .map(|(_, v)| v.as_slice())
+        .map(|(_, v)| &v[..])
 }
 
 /// `fields` without the fields named in `names`.
@@ -94,7 +94,10 @@ pub(crate) fn without(fields: &Fields, names: &[&str]) -> Fields {
 /// `fields` with field `name` set to `value` (put last, any earlier one removed).
 pub(crate) fn with(fields: &Fields, name: &str, value: impl Into<Vec<u8>>) -> Fields {
     let mut f = without(fields, &[name]);
-    f.push((name.as_bytes().to_vec(), value.into()));
+    f.push((
+        Bytes::copy_from_slice(name.as_bytes()),
+        Bytes::from(value.into()),
+    ));
     f
 }
 
@@ -154,9 +157,12 @@ pub(crate) fn decode(
         .filter(|k| !k.is_empty())
         .ok_or("the entry has no `kind` field")?;
     let kind = String::from_utf8_lossy(kind);
-    let payload = get(fields, "payload")
-        .ok_or("the entry has no `payload` field")?
-        .to_vec();
+    // The field's bytes, shared (not copied).
+    let payload = fields
+        .iter()
+        .find(|(k, _)| k == "payload")
+        .map(|(_, v)| v.clone())
+        .ok_or("the entry has no `payload` field")?;
     let enqueued = enqueued_at(fields).unwrap_or(added);
     let mut headers = Headers {
         request_id: text(fields, "request_id"),
@@ -241,7 +247,7 @@ pub(crate) fn attempts_after(attempt: u32, dead_stream: bool) -> u32 {
 pub(crate) fn flat(fields: &Fields) -> Vec<Vec<u8>> {
     fields
         .iter()
-        .flat_map(|(k, v)| [k.clone(), v.clone()])
+        .flat_map(|(k, v)| [k.to_vec(), v.to_vec()])
         .collect()
 }
 
@@ -324,7 +330,7 @@ pub(crate) fn unmember(bytes: &[u8]) -> Option<Fields> {
     let mut it = items.into_iter();
     let mut fields = Fields::new();
     while let (Some(k), Some(v)) = (it.next(), it.next()) {
-        fields.push((k, v));
+        fields.push((k.into(), v.into()));
     }
     Some(fields)
 }
@@ -383,7 +389,7 @@ mod tests {
     }
 
     fn with_attempts(v: &str) -> Fields {
-        vec![("attempts".into(), v.as_bytes().to_vec())]
+        vec![("attempts".into(), v.as_bytes().to_vec().into())]
     }
 
     #[test]
@@ -391,10 +397,10 @@ mod tests {
         let env = Envelope::new("k", vec![b'x'; 300], Utc::now());
         let mut f = encode(&env, 4);
         for i in 0..10 {
-            f.push((format!("h.n{i}").into_bytes(), vec![0xff, 0x00]));
+            f.push((format!("h.n{i}").into(), vec![0xff, 0x00].into()));
         }
         assert_eq!(unmember(&member(&f)), Some(f.clone()));
-        let short = vec![("a".into(), vec![b'y'; 40_000])];
+        let short: Fields = vec![("a".into(), vec![b'y'; 40_000].into())];
         assert_eq!(unmember(&member(&short)), Some(short));
         assert_eq!(unmember(b"not msgpack"), None);
         assert_eq!(unmember(&[0x92, 0xa1, b'a']), None, "cut short");
@@ -422,7 +428,7 @@ mod tests {
             assert!(e.contains(&format!("`{bad}`")), "{e}");
             assert!(e.contains("`attempts`"), "{e}");
         }
-        let e = attempts(&vec![("attempts".into(), vec![0xff, b'1'])]).unwrap_err();
+        let e = attempts(&vec![("attempts".into(), vec![0xff, b'1'].into())]).unwrap_err();
         assert!(e.contains("`\\xff1`"), "{e}");
     }
 
@@ -453,12 +459,15 @@ mod tests {
 
     #[test]
     fn a_missing_kind_is_named() {
-        let f: Fields = vec![("payload".into(), b"{}".to_vec())];
+        let f: Fields = vec![("payload".into(), "{}".into())];
         assert_eq!(
             decode(&f, 1, DateTime::<Utc>::UNIX_EPOCH).unwrap_err(),
             "the entry has no `kind` field"
         );
-        let by_hand: Fields = vec![("kind".into(), b"k".to_vec()), ("payload".into(), vec![])];
+        let by_hand: Fields = vec![
+            ("kind".into(), "k".into()),
+            ("payload".into(), Bytes::new()),
+        ];
         assert_eq!(
             decode(&by_hand, 1, id_time("1795985344932-0"))
                 .expect("decodes")
@@ -474,9 +483,9 @@ mod tests {
 
     #[test]
     fn member_is_msgpack() {
-        let f: Fields = vec![("kind".into(), b"k".to_vec())];
+        let f: Fields = vec![("kind".into(), "k".into())];
         assert_eq!(member(&f), [0x92, 0xa4, b'k', b'i', b'n', b'd', 0xa1, b'k']);
-        let long: Fields = vec![("payload".into(), vec![b'x'; 300])];
+        let long: Fields = vec![("payload".into(), vec![b'x'; 300].into())];
         let m = member(&long);
         assert_eq!(&m[..1], &[0x92]);
         assert_eq!(&m[9..12], &[0xda, 0x01, 0x2c]);

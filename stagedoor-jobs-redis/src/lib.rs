@@ -201,6 +201,7 @@ mod failover;
 mod keys;
 mod permits;
 mod publish;
+mod read_conn;
 mod schedule;
 mod scripts;
 mod settle;

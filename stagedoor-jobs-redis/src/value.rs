@@ -38,12 +38,12 @@ pub(crate) fn fields(v: &Value) -> Fields {
     match v {
         Value::Map(m) => m
             .iter()
-            .filter_map(|(k, v)| Some((bytes(k)?, bytes(v)?)))
+            .filter_map(|(k, v)| Some((bytes(k)?.into(), bytes(v)?.into())))
             .collect(),
         other => array(other)
             .chunks(2)
             .filter_map(|c| match c {
-                [k, v] => Some((bytes(k)?, bytes(v)?)),
+                [k, v] => Some((bytes(k)?.into(), bytes(v)?.into())),
                 _ => None,
             })
             .collect(),
@@ -93,7 +93,7 @@ pub(crate) fn into_fields(v: Value) -> Fields {
     match v {
         Value::Map(m) => m
             .into_iter()
-            .filter_map(|(k, v)| Some((into_bytes(k)?, into_bytes(v)?)))
+            .filter_map(|(k, v)| Some((into_bytes(k)?.into(), into_bytes(v)?.into())))
             .collect(),
         other => {
             let items = into_array(other);
@@ -101,7 +101,7 @@ pub(crate) fn into_fields(v: Value) -> Fields {
             let mut it = items.into_iter();
             while let (Some(k), Some(v)) = (it.next(), it.next()) {
                 if let (Some(k), Some(v)) = (into_bytes(k), into_bytes(v)) {
-                    out.push((k, v));
+                    out.push((k.into(), v.into()));
                 }
             }
             out

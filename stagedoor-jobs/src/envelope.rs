@@ -203,12 +203,17 @@ impl Envelope {
     /// An envelope read back from a backend: the job stored under `id`, of `kind`, with its
     /// payload and enqueue time, attempt 0 and default headers until set. Unlike
     /// [`new`](Self::new) it mints no id (a backend decoding a delivery has one already).
-    pub fn stored(id: JobId, kind: &str, payload: Vec<u8>, enqueued_at: DateTime<Utc>) -> Self {
+    pub fn stored(
+        id: JobId,
+        kind: &str,
+        payload: impl Into<Bytes>,
+        enqueued_at: DateTime<Utc>,
+    ) -> Self {
         Self {
             id,
             kind: Arc::from(kind),
             attempt: 0,
-            payload: Bytes::from(payload),
+            payload: payload.into(),
             headers: Headers::default(),
             enqueued_at,
             priority: Priority::NORMAL,

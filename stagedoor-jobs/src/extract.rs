@@ -28,6 +28,22 @@ impl JobContext {
             cancellation: Cancellation::default(),
         }
     }
+    /// The context the runtime gives a delivery: `cancellation` as the job's, without making
+    /// a token of its own first (as [`new`](Self::new) then
+    /// [`with_cancellation`](Self::with_cancellation) would, an allocation per job).
+    pub(crate) fn of_delivery(
+        queue: Arc<str>,
+        envelope: Envelope,
+        state: Arc<State>,
+        cancellation: Cancellation,
+    ) -> Self {
+        Self {
+            queue,
+            envelope,
+            state,
+            cancellation,
+        }
+    }
     /// The context with `cancellation` as the job's (the runtime's, fired by
     /// [`DeadLetters::cancel`](crate::DeadLetters::cancel)).
     pub fn with_cancellation(mut self, cancellation: Cancellation) -> Self {

@@ -30,11 +30,13 @@ pub(super) fn refused<R>(
         let spent = spent_before(env.attempt(), 1);
         return Some((dead(target, error), Some(spent)));
     }
-    let (cap, target) = (spec.max_attempts?.get(), spec.dead_letter.clone()?);
+    let (cap, target) = (spec.max_attempts?.get(), spec.dead_letter.as_ref()?);
     let attempt = env.attempt();
     if attempt <= cap {
         return None;
     }
+    // Cloned only for a refusal: this runs for every delivery.
+    let target = target.clone();
     // The attempts spent before these deliveries, when the backend counts deliveries: they
     // alone reach the cap when the job arrived with them spent (no worker died here).
     let before = delivery

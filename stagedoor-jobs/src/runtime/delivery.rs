@@ -123,14 +123,12 @@ impl<B: Broker> Worker<B> {
         if cancel.is_cancelled() {
             return None;
         }
-        let ctx = Arc::new(
-            JobContext::new(
-                Arc::clone(&self.queue.name),
-                env.clone(),
-                Arc::clone(&self.ctx.state),
-            )
-            .with_cancellation(cancel.clone()),
-        );
+        let ctx = Arc::new(JobContext::of_delivery(
+            Arc::clone(&self.queue.name),
+            env.clone(),
+            Arc::clone(&self.ctx.state),
+            cancel.clone(),
+        ));
         let started = std::time::Instant::now();
         // In the delivery's task: a handler that blocks its thread (blocking code without
         // `spawn_blocking`) holds up this task only, and the worker renews the lease meanwhile
