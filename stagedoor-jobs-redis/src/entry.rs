@@ -180,10 +180,33 @@ pub(crate) fn decode(
     let id = get(fields, "job_id")
         .filter(|i| !i.is_empty())
         .map_or_else(JobId::new, |i| JobId::from(&*String::from_utf8_lossy(i)));
-    Ok(Envelope::stored(id, &kind, payload, enqueued)
+    Ok(Envelope::stored(id, shared_kind(&kind), payload, enqueued)
         .with_attempt(attempt)
         .with_headers(headers)
         .with_priority(level(fields)))
+}
+
+/// `kind` shared: the kinds this thread decoded last are kept (a few; a queue has few kinds),
+/// so that a delivery's kind is a count increment instead of an allocation.
+fn shared_kind(kind: &str) -> std::sync::Arc<str> {
+    use std::cell::RefCell;
+    use std::sync::Arc;
+    const KEPT: usize = 16;
+    thread_local! {
+        static KINDS: RefCell<Vec<Arc<str>>> = const { RefCell::new(Vec::new()) };
+    }
+    KINDS.with(|kinds| {
+        let mut kinds = kinds.borrow_mut();
+        if let Some(k) = kinds.iter().find(|k| &***k == kind) {
+            return Arc::clone(k);
+        }
+        let k: Arc<str> = Arc::from(kind);
+        if kinds.len() >= KEPT {
+            kinds.remove(0);
+        }
+        kinds.push(Arc::clone(&k));
+        k
+    })
 }
 
 /// The attempts an entry says were spent (before it was added to a queue's stream; when it

@@ -319,6 +319,18 @@ fn bulk_len(n: i64) -> io::Result<usize> {
         .ok_or_else(|| protocol("a bulk string longer than the server allows"))
 }
 
+/// The field names every job has, or many jobs (`entry.rs`).
+const KNOWN_NAMES: [&str; 8] = [
+    "kind",
+    "job_id",
+    "attempts",
+    "payload",
+    "enqueued_at",
+    "priority",
+    "request_id",
+    "trace",
+];
+
 /// A whole reply being read.
 struct Cursor<'a> {
     b: &'a Bytes,
@@ -358,19 +370,40 @@ impl<'a> Cursor<'a> {
         int(line)
     }
 
-    /// A bulk string (nil reads as empty), a slice of the reply's bytes.
-    fn bulk(&mut self) -> io::Result<Bytes> {
+    /// Where the next bulk string's bytes are (nil reads as empty).
+    fn bulk_range(&mut self) -> io::Result<std::ops::Range<usize>> {
         let n = self.header(b'$')?;
         if n < 0 {
-            return Ok(Bytes::new());
+            return Ok(self.at..self.at);
         }
         let n = bulk_len(n)?;
         if self.b.len() < self.at + n + 2 {
             return Err(protocol("a cut reply"));
         }
-        let s = self.b.slice(self.at..self.at + n);
+        let range = self.at..self.at + n;
         self.at += n + 2;
-        Ok(s)
+        Ok(range)
+    }
+
+    /// A bulk string (nil reads as empty), a slice of the reply's bytes.
+    fn bulk(&mut self) -> io::Result<Bytes> {
+        let r = self.bulk_range()?;
+        Ok(if r.is_empty() {
+            Bytes::new()
+        } else {
+            self.b.slice(r)
+        })
+    }
+
+    /// A field's name: one the broker writes is a static string (no count to keep, shared by
+    /// every job), any other a slice of the reply.
+    fn name(&mut self) -> io::Result<Bytes> {
+        let r = self.bulk_range()?;
+        let raw = &self.b[r.clone()];
+        Ok(match KNOWN_NAMES.iter().find(|n| n.as_bytes() == raw) {
+            Some(n) => Bytes::from_static(n.as_bytes()),
+            None => self.b.slice(r),
+        })
     }
 
     /// An array's length (nil reads as empty).
@@ -422,7 +455,7 @@ fn streams_reply(c: &mut Cursor<'_>) -> io::Result<StreamsReply> {
             let items = c.array()?;
             let mut fields = Fields::with_capacity(items / 2);
             for _ in 0..items / 2 {
-                let k = c.bulk()?;
+                let k = c.name()?;
                 let v = c.bulk()?;
                 fields.push((k, v));
             }

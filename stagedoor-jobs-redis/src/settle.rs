@@ -94,7 +94,7 @@ async fn settle_batch(
     for r in &batch {
         match &r.op {
             SettleOp::Ack { job } => {
-                call.arg("a").arg(&r.id).arg(r.deliveries).arg(job);
+                call.arg("a").arg(&r.id).arg(r.deliveries).arg(job.as_str());
             }
             SettleOp::Retry { due, items } => {
                 call.arg("r")
@@ -108,7 +108,7 @@ async fn settle_batch(
                 call.arg("x")
                     .arg(&r.id)
                     .arg(r.deliveries)
-                    .arg(job)
+                    .arg(job.as_str())
                     .arg(items.len())
                     .arg(items);
             }
@@ -215,7 +215,8 @@ impl RedisBroker {
         settlement: Settlement,
     ) -> Result<(SettleOp, Option<std::time::Duration>), BrokerError> {
         let r = &delivery.receipt;
-        let job = delivery.envelope.id().to_string();
+        // Shared, not copied.
+        let job = delivery.envelope.id().clone();
         Ok(match settlement {
             Settlement::Ack | Settlement::Drop => (SettleOp::Ack { job }, None),
             Settlement::Retry { delay, .. } => {

@@ -205,13 +205,13 @@ impl Envelope {
     /// [`new`](Self::new) it mints no id (a backend decoding a delivery has one already).
     pub fn stored(
         id: JobId,
-        kind: &str,
+        kind: impl Into<Arc<str>>,
         payload: impl Into<Bytes>,
         enqueued_at: DateTime<Utc>,
     ) -> Self {
         Self {
             id,
-            kind: Arc::from(kind),
+            kind: kind.into(),
             attempt: 0,
             payload: payload.into(),
             headers: Headers::default(),

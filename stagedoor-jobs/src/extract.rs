@@ -103,20 +103,41 @@ pub struct Rejection(pub String);
 /// between steps). Whatever it returns then, the job is dropped, recorded as cancelled (the
 /// log, the `TestApp`'s `Outcome::Cancelled`): a cancelled job is never retried.
 #[derive(Clone, Debug, Default)]
-pub struct Cancellation(tokio_util::sync::CancellationToken);
+pub struct Cancellation(Arc<CancelState>);
+
+/// A flag and the handlers waiting on it: one allocation per job, and no lock to drop it
+/// (a `tokio_util` `CancellationToken` is a node of a tree behind a mutex, which a job that is
+/// never a parent does not need).
+#[derive(Debug, Default)]
+struct CancelState {
+    fired: std::sync::atomic::AtomicBool,
+    waiters: tokio::sync::Notify,
+}
 
 impl Cancellation {
     /// Whether the job was cancelled.
     pub fn is_cancelled(&self) -> bool {
-        self.0.is_cancelled()
+        self.0.fired.load(std::sync::atomic::Ordering::Acquire)
     }
     /// Waits until the job is cancelled (forever if it never is).
     pub async fn cancelled(&self) {
-        self.0.cancelled().await
+        loop {
+            let notified = self.0.waiters.notified();
+            tokio::pin!(notified);
+            // Registered before the flag is read: a `cancel` in between still wakes it.
+            notified.as_mut().enable();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
+        }
     }
     /// Fires it.
     pub(crate) fn cancel(&self) {
-        self.0.cancel()
+        self.0
+            .fired
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.0.waiters.notify_waiters();
     }
 }
 
@@ -248,5 +269,54 @@ impl<T: Clone + Send + Sync + 'static> FromJob for Data<T> {
                 std::any::type_name::<T>()
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Cancellation;
+
+    #[tokio::test]
+    async fn a_cancellation_wakes_every_waiter_and_stays_fired() {
+        let c = Cancellation::default();
+        assert!(!c.is_cancelled());
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move { c.cancelled().await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(waiters.iter().all(|w| !w.is_finished()), "none woke early");
+        c.clone().cancel();
+        for w in waiters {
+            tokio::time::timeout(Duration::from_secs(5), w)
+                .await
+                .expect("woken by the cancel")
+                .expect("the waiter");
+        }
+        assert!(c.is_cancelled());
+        // A wait that starts after the cancel returns at once.
+        tokio::time::timeout(Duration::from_secs(5), c.cancelled())
+            .await
+            .expect("already fired");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_cancel_racing_the_start_of_a_wait_is_never_missed() {
+        for _ in 0..500 {
+            let c = Cancellation::default();
+            let w = {
+                let c = c.clone();
+                tokio::spawn(async move { c.cancelled().await })
+            };
+            c.cancel();
+            tokio::time::timeout(Duration::from_secs(5), w)
+                .await
+                .expect("a cancel during the wait's start still wakes it")
+                .expect("the waiter");
+        }
     }
 }

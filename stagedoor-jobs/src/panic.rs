@@ -303,7 +303,7 @@ fn truncate(mut s: String, max: usize) -> String {
 /// A future that turns a panic of the inner future into `Err(Failure)`. A captured backtrace
 /// is resolved on tokio's blocking pool (inline outside a tokio runtime) while this future is
 /// pending, so that the task running it (a delivery's, which renews its lease) is not held up.
-pub(crate) struct CatchPanic<F> {
+pub(crate) struct CatchPanic<F: ?Sized> {
     inner: Pin<Box<F>>,
     /// After a panic with a backtrace: its error, its site alone (should the traceback not be
     /// made: the runtime shutting down), and the traceback being made.
@@ -312,9 +312,16 @@ pub(crate) struct CatchPanic<F> {
 
 impl<F: Future> CatchPanic<F> {
     pub(crate) fn new(inner: F) -> Self {
+        Self::boxed(Box::pin(inner))
+    }
+}
+
+impl<F: Future + ?Sized> CatchPanic<F> {
+    /// Around a future boxed already (a handler's): no second box.
+    pub(crate) fn boxed(inner: Pin<Box<F>>) -> Self {
         install_hook();
         Self {
-            inner: Box::pin(inner),
+            inner,
             resolving: None,
         }
     }
@@ -327,7 +334,7 @@ impl Drop for Flag {
     }
 }
 
-impl<F: Future> Future for CatchPanic<F> {
+impl<F: Future + ?Sized> Future for CatchPanic<F> {
     type Output = Result<F::Output, Failure>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

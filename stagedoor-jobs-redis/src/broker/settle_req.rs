@@ -14,10 +14,13 @@ pub(crate) struct SettleReq {
 /// What a batched settlement does with its delivery.
 pub(crate) enum SettleOp {
     /// Acknowledged (and its job id forgotten).
-    Ack { job: String },
+    Ack { job: stagedoor_jobs::JobId },
     /// Added again: to the stream (`due` 0, `items` the entry's flat fields) or to the delayed
     /// set (`due` in ms, `items` its one member).
     Retry { due: u64, items: Vec<Vec<u8>> },
     /// Added to the dead stream (`items` the dead entry's flat fields), its job id forgotten.
-    Dead { job: String, items: Vec<Vec<u8>> },
+    Dead {
+        job: stagedoor_jobs::JobId,
+        items: Vec<Vec<u8>>,
+    },
 }

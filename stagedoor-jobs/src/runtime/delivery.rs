@@ -84,7 +84,7 @@ impl<B: Broker> Worker<B> {
             }
             // The lease is renewed from here on, while the delivery waits for a slot of its
             // mount and while its handler runs, by the worker (`renewals.rs`).
-            let held = self.renewals.hold(&delivery);
+            let held = self.renewals.hold(&delivery, &cancel);
             let ran = self.run_handler(mount, env, &cancel).await;
             held.release().await;
             // A job cancelled while it ran (or waited for its slot) is dropped, whatever its
@@ -133,7 +133,7 @@ impl<B: Broker> Worker<B> {
         // In the delivery's task: a handler that blocks its thread (blocking code without
         // `spawn_blocking`) holds up this task only, and the worker renews the lease meanwhile
         // from a task of its own.
-        let ran = CatchPanic::new(spec.handler.run(ctx)).await;
+        let ran = CatchPanic::boxed(spec.handler.run(ctx)).await;
         self.queue.metrics.handler_duration(
             &self.queue.name,
             self.kind_label(env.kind()),

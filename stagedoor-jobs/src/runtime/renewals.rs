@@ -12,14 +12,16 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::broker::{Broker, Delivery};
+use crate::extract::Cancellation;
 use crate::kit::lock;
 
 /// The shortest time between two renewals, whatever the broker says its lease is.
 pub(super) const MIN_RENEW_EVERY: Duration = Duration::from_millis(10);
 
-/// What is held: the deliveries by key, and the keys of the renewal under way.
+/// What is held: the deliveries by key (each with its job's cancellation, fired when the
+/// broker says the job was cancelled), and the keys of the renewal under way.
 struct State<R> {
-    held: HashMap<u64, Arc<Delivery<R>>>,
+    held: HashMap<u64, (Arc<Delivery<R>>, Cancellation)>,
     under_way: HashSet<u64>,
 }
 
@@ -47,18 +49,34 @@ impl<R> Default for Renewals<R> {
 impl<R> Renewals<R> {
     /// Holds `delivery` for renewal until the guard is released (or dropped, when its task is
     /// aborted: a delivery nobody will settle is never renewed again).
-    pub(super) fn hold(&self, delivery: &Arc<Delivery<R>>) -> Held<'_, R> {
+    pub(super) fn hold(&self, delivery: &Arc<Delivery<R>>, cancel: &Cancellation) -> Held<'_, R> {
         let key = self.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.state).held.insert(key, Arc::clone(delivery));
+        lock(&self.state)
+            .held
+            .insert(key, (Arc::clone(delivery), cancel.clone()));
         Held { of: self, key }
+    }
+
+    /// The jobs held and not cancelled yet, with their cancellations: what the worker asks the
+    /// broker about every third of the lease.
+    pub(super) fn cancellable(&self) -> Vec<(crate::JobId, Cancellation)> {
+        lock(&self.state)
+            .held
+            .values()
+            .filter(|(_, c)| !c.is_cancelled())
+            .map(|(d, c)| (d.envelope.id().clone(), c.clone()))
+            .collect()
     }
 
     /// The held deliveries, marked as under renewal in the same step (so that a delivery
     /// released after this waits for the renewal: see [`Held::release`]).
     fn start(&self) -> Vec<(u64, Arc<Delivery<R>>)> {
         let mut s = lock(&self.state);
-        let batch: Vec<(u64, Arc<Delivery<R>>)> =
-            s.held.iter().map(|(k, d)| (*k, Arc::clone(d))).collect();
+        let batch: Vec<(u64, Arc<Delivery<R>>)> = s
+            .held
+            .iter()
+            .map(|(k, (d, _))| (*k, Arc::clone(d)))
+            .collect();
         s.under_way = batch.iter().map(|(k, _)| *k).collect();
         batch
     }
@@ -79,12 +97,21 @@ impl<R> Held<'_, R> {
     /// Stops renewing the delivery and returns once no renewal of it is under way: a backend
     /// that moves its fence on renewal then knows the fence the settlement is checked against.
     pub(super) async fn release(self) {
-        lock(&self.of.state).held.remove(&self.key);
+        // Removed here, once: the guard's drop has nothing left to do.
+        let (of, key) = (self.of, self.key);
+        std::mem::forget(self);
+        {
+            let mut s = lock(&of.state);
+            s.held.remove(&key);
+            if !s.under_way.contains(&key) {
+                return;
+            }
+        }
         loop {
-            let notified = self.of.done.notified();
+            let notified = of.done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !lock(&self.of.state).under_way.contains(&self.key) {
+            if !lock(&of.state).under_way.contains(&key) {
                 return;
             }
             notified.await;

@@ -239,7 +239,6 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                     slots: Arc::new(Semaphore::new(capacity)),
                     running: Mutex::new(JoinSet::new()),
                     limiter: limits.map(|l| Limiter::new(&q.name, l)),
-                    cancels: Mutex::new(HashMap::new()),
                     held_id: ctx.held_back.register(&q.name),
                     fair: crate::broker::FairTurn::default(),
                     renewals: Default::default(),

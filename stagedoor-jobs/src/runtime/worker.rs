@@ -95,8 +95,6 @@ pub(super) struct Worker<B: Broker> {
     pub(super) limiter: Option<Limiter>,
     /// This worker's id in [`RunCtx::held_back`](super::context::RunCtx::held_back).
     pub(super) held_id: u64,
-    /// The cancellation of each delivery in flight, by job id.
-    pub(super) cancels: Mutex<HashMap<crate::JobId, crate::Cancellation>>,
     /// The claims that took jobs, which pick each claim's order (the fair turn).
     pub(super) fair: FairTurn,
     /// The deliveries in flight whose leases the worker renews (`Renewals::run`).
@@ -147,20 +145,17 @@ impl<B: Broker> Worker<B> {
         let mut failing = false;
         loop {
             tokio::time::sleep(every).await;
-            let ids: Vec<crate::JobId> = lock(&self.cancels)
-                .iter()
-                .filter(|(_, c)| !c.is_cancelled())
-                .map(|(id, _)| id.clone())
-                .collect();
-            if ids.is_empty() {
+            let running: HashMap<crate::JobId, crate::Cancellation> =
+                self.renewals.cancellable().into_iter().collect();
+            if running.is_empty() {
                 continue;
             }
+            let ids: Vec<crate::JobId> = running.keys().cloned().collect();
             match self.broker.cancelled(&self.queue.name, &ids).await {
                 Ok(cancelled) => {
                     failing = false;
-                    let cancels = lock(&self.cancels);
                     for id in cancelled {
-                        if let Some(c) = cancels.get(&id) {
+                        if let Some(c) = running.get(&id) {
                             tracing::info!(queue = %self.queue.name, job_id = %id, "cancelled while running: its handler's Cancellation fires");
                             c.cancel();
                         }
@@ -354,12 +349,9 @@ impl<B: Broker> Worker<B> {
     ) {
         let done = InFlight::new(&self.ctx.in_flight, &self.health.in_flight);
         let w = Arc::clone(self);
-        let id = delivery.envelope.id().clone();
         let cancel = crate::Cancellation::default();
-        lock(&self.cancels).insert(id.clone(), cancel.clone());
         lock(&self.running).spawn(async move {
             w.process(delivery, cancel).await;
-            lock(&w.cancels).remove(&id);
             if let (Some(l), Some(token)) = (&w.limiter, global) {
                 l.settled(token);
             }
