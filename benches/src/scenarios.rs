@@ -374,9 +374,20 @@ impl Env {
                     .fetch_optional(&mut c)
                     .await?;
             if exists.is_none() {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                let made = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
                     .execute(&mut c)
-                    .await?;
+                    .await;
+                // Made meanwhile by another run (42P04, or the catalog's unique index when
+                // both creations overlapped): it exists, which is all this asks.
+                if let Err(e) = made {
+                    let code = e
+                        .as_database_error()
+                        .and_then(|d| d.code())
+                        .unwrap_or_default();
+                    if code != "42P04" && code != "23505" {
+                        return Err(e.into());
+                    }
+                }
             }
         }
         Ok(())
