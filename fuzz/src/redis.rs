@@ -9,22 +9,15 @@ use stagedoor_jobs_redis::__fuzz as r;
 
 use crate::input::Input;
 
-/// Field names an entry holds, so that inputs reach them without guessing their spelling.
-const NAMES: &[&str] = &[
-    "kind",
-    "job_id",
-    "attempts",
-    "payload",
-    "enqueued_at",
-    "priority",
-    "request_id",
-    "trace",
-    "h.x",
-    "error",
-    "traceback",
-    "failed_at",
-    "origin",
-];
+/// Field names an entry holds, so that inputs reach them without guessing their spelling: the
+/// broker's job fields, then a header's and a dead letter's.
+static NAMES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+    r::JOB_FIELDS
+        .iter()
+        .copied()
+        .chain(["h.x", "error", "traceback", "failed_at", "origin"])
+        .collect()
+});
 
 /// Whether a published envelope is one whose round trip is a known, reported finding (see
 /// `fuzz/README.md`, Findings): skipped here so that the fuzzer looks for new ones; each has

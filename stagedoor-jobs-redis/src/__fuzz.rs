@@ -13,6 +13,9 @@ pub type Fields = entry::Fields;
 /// A stream's entries: (id, fields).
 pub type Entries = Vec<(String, Fields)>;
 
+/// The field names the broker writes for a job.
+pub const JOB_FIELDS: [&str; 8] = entry::JOB_FIELDS;
+
 /// The fields of `envelope`, whose job has spent `attempts` (what a publish adds).
 pub fn encode(envelope: &Envelope, attempts: u32) -> Fields {
     entry::encode(envelope, attempts)

@@ -268,9 +268,13 @@ impl RedisBroker {
     pub(crate) fn read_conn(&self, queue: &str) -> Option<Arc<crate::read_conn::ReadConn>> {
         let target = self.inner.read_target.as_ref()?;
         let mut map = stagedoor_jobs::kit::lock(&self.inner.read_conns);
-        Some(Arc::clone(map.entry(queue.to_owned()).or_insert_with(
-            || Arc::new(crate::read_conn::ReadConn::new(target.clone())),
-        )))
+        // Looked up first: the key is copied only for a queue's first claim.
+        if let Some(c) = map.get(queue) {
+            return Some(Arc::clone(c));
+        }
+        let c = Arc::new(crate::read_conn::ReadConn::new(target.clone()));
+        map.insert(queue.to_owned(), Arc::clone(&c));
+        Some(c)
     }
 
     /// The time now on the broker's clock (the server's, once the runtime has synced it).

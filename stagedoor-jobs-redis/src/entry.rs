@@ -15,6 +15,19 @@ use chrono::{DateTime, Utc};
 use stagedoor_jobs::broker::MAX_ATTEMPT;
 use stagedoor_jobs::{Envelope, Headers, JobId, Priority};
 
+/// The field names the broker writes for a job ([`encode`]; `h.<name>` for other headers):
+/// the claim's reader keeps these static instead of slicing them from every reply.
+pub(crate) const JOB_FIELDS: [&str; 8] = [
+    "kind",
+    "job_id",
+    "attempts",
+    "payload",
+    "enqueued_at",
+    "priority",
+    "request_id",
+    "trace",
+];
+
 /// Fields of one entry, in order, as bytes.
 pub(crate) type Fields = Vec<(Bytes, Bytes)>;
 

@@ -319,18 +319,6 @@ fn bulk_len(n: i64) -> io::Result<usize> {
         .ok_or_else(|| protocol("a bulk string longer than the server allows"))
 }
 
-/// The field names every job has, or many jobs (`entry.rs`).
-const KNOWN_NAMES: [&str; 8] = [
-    "kind",
-    "job_id",
-    "attempts",
-    "payload",
-    "enqueued_at",
-    "priority",
-    "request_id",
-    "trace",
-];
-
 /// A whole reply being read.
 struct Cursor<'a> {
     b: &'a Bytes,
@@ -400,10 +388,15 @@ impl<'a> Cursor<'a> {
     fn name(&mut self) -> io::Result<Bytes> {
         let r = self.bulk_range()?;
         let raw = &self.b[r.clone()];
-        Ok(match KNOWN_NAMES.iter().find(|n| n.as_bytes() == raw) {
-            Some(n) => Bytes::from_static(n.as_bytes()),
-            None => self.b.slice(r),
-        })
+        Ok(
+            match crate::entry::JOB_FIELDS
+                .iter()
+                .find(|n| n.as_bytes() == raw)
+            {
+                Some(n) => Bytes::from_static(n.as_bytes()),
+                None => self.b.slice(r),
+            },
+        )
     }
 
     /// An array's length (nil reads as empty).
