@@ -1661,6 +1661,21 @@ impl<B: Broker> DeadLetters for Dying<B> {
     }
 }
 
+impl<B: Broker> stagedoor_jobs::broker::Records for Dying<B> {
+    async fn read_record(
+        &self,
+        key: &str,
+    ) -> Result<Option<stagedoor_jobs::broker::Record>, stagedoor_jobs::BrokerError> {
+        self.inner.read_record(key).await
+    }
+    async fn write_records(
+        &self,
+        writes: &[stagedoor_jobs::broker::RecordWrite],
+    ) -> Result<Option<Vec<u64>>, stagedoor_jobs::BrokerError> {
+        self.inner.write_records(writes).await
+    }
+}
+
 impl<B: Broker> Locks for Dying<B> {
     async fn try_lock(
         &self,

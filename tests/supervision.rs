@@ -136,6 +136,21 @@ impl DeadLetters for Faulty {
     }
 }
 
+impl stagedoor_jobs::broker::Records for Faulty {
+    async fn read_record(
+        &self,
+        key: &str,
+    ) -> Result<Option<stagedoor_jobs::broker::Record>, stagedoor_jobs::BrokerError> {
+        self.inner.read_record(key).await
+    }
+    async fn write_records(
+        &self,
+        writes: &[stagedoor_jobs::broker::RecordWrite],
+    ) -> Result<Option<Vec<u64>>, stagedoor_jobs::BrokerError> {
+        self.inner.write_records(writes).await
+    }
+}
+
 impl Locks for Faulty {
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
         self.inner.try_lock(key, token, ttl).await

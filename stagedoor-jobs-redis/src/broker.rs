@@ -407,6 +407,8 @@ impl Activity for RedisBroker {
     }
 }
 
+impl stagedoor_jobs::broker::Records for RedisBroker {}
+
 impl Locks for RedisBroker {
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
         self.redis_try_lock(key, token, ttl).await

@@ -40,6 +40,7 @@ mod locks;
 mod mask;
 mod publish;
 mod published;
+mod records;
 
 pub use activity::Activity;
 pub use bounds::{
@@ -56,6 +57,9 @@ pub use locks::{Locks, Permits};
 pub use mask::mask_url;
 pub use publish::Publish;
 pub use published::{Published, log_not_stored};
+pub use records::{
+    MAX_RECORD_BYTES, MAX_RECORD_KEY, Record, RecordWrite, Records, check_record_writes,
+};
 
 pub use crate::clock::{chrono_duration, later};
 
@@ -262,7 +266,7 @@ pub struct Problem {
 /// A backend: where jobs are stored and how they move (claim, renew, settle, publish). See the
 /// [module docs](self). It is also [`DeadLetters`], [`Locks`], [`Activity`] and [`Inspect`]:
 /// the runtime needs every part.
-pub trait Broker: DeadLetters + Locks + Activity {
+pub trait Broker: DeadLetters + Locks + Activity + Records {
     /// What a delivery carries to be settled or renewed.
     type Receipt: Send + Sync + 'static;
 

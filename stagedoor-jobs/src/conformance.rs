@@ -60,6 +60,8 @@
 //! - `cancel.rs`: cancelling waiting, delayed and running jobs;
 //! - `priority.rs`: priorities: highest first, FIFO among equals, kept through a delay, a retry
 //!   and a replay; no level starved;
+//! - `records.rs`: records (results' and progress' store): compare-and-set, all-or-nothing
+//!   writes, a time to live, bounds and hostile keys, racing writers;
 //! - `unique.rs`: unique jobs, their window, racing publishes, keys by payload;
 //! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
 //! - `bounds.rs`: values at their bounds: delays past `MAX_DELAY`, leases, queue names,
@@ -88,6 +90,7 @@ mod naive;
 mod outcomes;
 mod priority;
 mod publish;
+mod records;
 mod replay;
 mod runtime_rules;
 mod support;
@@ -145,6 +148,11 @@ pub use publish::{
     publish_at_runs_at_its_time, publish_once_stores_a_job_once_per_guard,
     published_id_is_the_handlers_and_the_dead_letters, same_job_id_published_twice_runs_once,
 };
+pub use records::{
+    concurrent_compare_and_set_lets_one_writer_win, record_keys_and_values_at_their_bounds,
+    record_writes_are_all_or_nothing, records_compare_and_set_by_version,
+    records_expire_after_their_ttl,
+};
 pub use replay::{
     dead_letter_purge_removes_the_selected, dead_letter_replay_by_id_resets_the_attempts,
     dead_letter_replay_by_kind_moves_only_that_kind,
@@ -152,7 +160,6 @@ pub use replay::{
     replay_and_purge_refuse_a_name_that_is_no_dead_letter,
     replay_skips_a_letter_whose_job_is_back_in_its_queue,
 };
-
 pub use runtime_rules::{
     a_job_arriving_with_its_cap_spent_is_dead_lettered_without_running,
     a_job_delivered_past_the_poison_count_is_dead_lettered_without_running,
@@ -260,6 +267,11 @@ macro_rules! conformance_tests {
             a_job_delivered_past_the_poison_count_is_dead_lettered_without_running
             an_unreadable_item_goes_raw_to_its_mounts_dead_letter
             every_fair_turn_of_the_runtime_claims_in_due_order
+            records_compare_and_set_by_version
+            record_writes_are_all_or_nothing
+            records_expire_after_their_ttl
+            record_keys_and_values_at_their_bounds
+            concurrent_compare_and_set_lets_one_writer_win
         );
     };
     ($fixture:expr $(,)?) => {

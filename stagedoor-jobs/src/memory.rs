@@ -24,6 +24,7 @@ mod activity;
 mod dead;
 mod inspect;
 mod locks;
+mod records;
 
 /// The in-memory broker. Clones share the same queues.
 ///
@@ -56,6 +57,8 @@ struct Mem {
     minutes: HashMap<String, BTreeMap<DateTime<Utc>, MinuteCounts>>,
     /// The dead letters mounts declared ([`Broker::check`]).
     declared_dead: Vec<String>,
+    /// Records: each value and version, with when it expires.
+    records: HashMap<String, (crate::broker::Record, Option<DateTime<Utc>>)>,
 }
 
 #[derive(Debug, Default)]

@@ -13,7 +13,7 @@ use crate::activity::{DelayedJob, MinuteCounts, QueueCounts, WorkerReport};
 use crate::broker::{
     Activity, Broker, BrokerError, Cancelled, ClaimOrder, Claimed, DeadLetter, DeadLetters,
     DeadSelector, Delivery, Inspect, Locks, MountInfo, Permits, Problem, Published, QueueStats,
-    ReplayReport, Settled, Settlement, Unreadable,
+    Record, RecordWrite, Records, ReplayReport, Settled, Settlement, Unreadable,
 };
 use crate::clock::{Clock, later};
 use crate::envelope::{Envelope, JobId};
@@ -463,6 +463,15 @@ impl DeadLetters for NaiveBroker {
 
     fn default_dead_letter(&self, queue: &str) -> String {
         self.memory.default_dead_letter(queue)
+    }
+}
+
+impl Records for NaiveBroker {
+    async fn read_record(&self, key: &str) -> Result<Option<Record>, BrokerError> {
+        self.memory.read_record(key).await
+    }
+    async fn write_records(&self, writes: &[RecordWrite]) -> Result<Option<Vec<u64>>, BrokerError> {
+        self.memory.write_records(writes).await
     }
 }
 
