@@ -62,6 +62,8 @@
 //!   and a replay; no level starved;
 //! - `records.rs`: records (results' and progress' store): compare-and-set, all-or-nothing
 //!   writes, a time to live, bounds and hostile keys, racing writers;
+//! - `results.rs`: results and progress: kept and read by id, past the size limit, gone after
+//!   the retention, progress while the job runs, waiting for a result;
 //! - `unique.rs`: unique jobs, their window, racing publishes, keys by payload;
 //! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
 //! - `bounds.rs`: values at their bounds: delays past `MAX_DELAY`, leases, queue names,
@@ -92,6 +94,7 @@ mod priority;
 mod publish;
 mod records;
 mod replay;
+mod results;
 mod runtime_rules;
 mod support;
 mod unique;
@@ -159,6 +162,10 @@ pub use replay::{
     dead_letters_are_listed_newest_first_and_by_kind,
     replay_and_purge_refuse_a_name_that_is_no_dead_letter,
     replay_skips_a_letter_whose_job_is_back_in_its_queue,
+};
+pub use results::{
+    a_result_is_kept_and_read_by_id, a_result_past_the_limit_reads_as_too_large,
+    progress_is_read_while_the_job_runs, results_past_retention_are_gone,
 };
 pub use runtime_rules::{
     a_job_arriving_with_its_cap_spent_is_dead_lettered_without_running,
@@ -272,6 +279,10 @@ macro_rules! conformance_tests {
             records_expire_after_their_ttl
             record_keys_and_values_at_their_bounds
             concurrent_compare_and_set_lets_one_writer_win
+            a_result_is_kept_and_read_by_id
+            a_result_past_the_limit_reads_as_too_large
+            results_past_retention_are_gone
+            progress_is_read_while_the_job_runs
         );
     };
     ($fixture:expr $(,)?) => {

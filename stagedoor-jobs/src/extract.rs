@@ -16,6 +16,8 @@ pub struct JobContext {
     envelope: Envelope,
     state: Arc<State>,
     cancellation: Cancellation,
+    /// Where the job's progress goes (the runtime's contexts have one).
+    keeper: Option<crate::results::Keeper>,
 }
 
 impl JobContext {
@@ -26,6 +28,7 @@ impl JobContext {
             envelope,
             state,
             cancellation: Cancellation::default(),
+            keeper: None,
         }
     }
     /// The context the runtime gives a delivery: `cancellation` as the job's, without making
@@ -36,12 +39,14 @@ impl JobContext {
         envelope: Envelope,
         state: Arc<State>,
         cancellation: Cancellation,
+        keeper: crate::results::Keeper,
     ) -> Self {
         Self {
             queue,
             envelope,
             state,
             cancellation,
+            keeper: Some(keeper),
         }
     }
     /// The context with `cancellation` as the job's (the runtime's, fired by
@@ -57,6 +62,10 @@ impl JobContext {
     /// The job's envelope (attempt is this delivery's number, 1 for the first).
     pub fn envelope(&self) -> &Envelope {
         &self.envelope
+    }
+    /// Where the job's progress goes, when the runtime made this context.
+    pub(crate) fn keeper(&self) -> Option<&crate::results::Keeper> {
+        self.keeper.as_ref()
     }
     /// A value the service registered with [`Service::state`](crate::Service::state).
     pub fn state<T: Any + Send + Sync>(&self) -> Option<&T> {
@@ -268,6 +277,61 @@ impl<T: Clone + Send + Sync + 'static> FromJob for Data<T> {
                 "no service state of type `{}`: register it with `Service::state(value)`",
                 std::any::type_name::<T>()
             ))
+        })
+    }
+}
+
+/// A handler's argument to report progress: `progress: JobProgress`, then
+/// `progress.set(0.5, "half of the pages").await`. The latest report is readable by the job's id
+/// from any process ([`Results::progress`](crate::Results::progress)); a failed write is returned, and the job goes on.
+#[derive(Clone, Debug)]
+pub struct JobProgress {
+    job_id: crate::JobId,
+    keeper: Option<crate::results::Keeper>,
+}
+
+impl JobProgress {
+    /// Records `fraction` (kept within 0.0 to 1.0; not a number reads as 0) and `message` (cut
+    /// at [`MAX_PROGRESS_MESSAGE`](crate::results::MAX_PROGRESS_MESSAGE) characters) as the job's latest progress.
+    pub async fn set(
+        &self,
+        fraction: f32,
+        message: impl Into<String>,
+    ) -> Result<(), crate::BrokerError> {
+        let Some(keeper) = &self.keeper else {
+            return Err(crate::BrokerError::Backend(
+                "this job context has no broker to keep progress in (a context made by hand, outside the runtime)".into(),
+            ));
+        };
+        let fraction = if fraction.is_nan() {
+            0.0
+        } else {
+            fraction.clamp(0.0, 1.0)
+        };
+        let mut message: String = message.into();
+        if let Some((cut, _)) = message
+            .char_indices()
+            .nth(crate::results::MAX_PROGRESS_MESSAGE)
+        {
+            message.truncate(cut);
+        }
+        let p = crate::results::Progress {
+            fraction,
+            message,
+            at: keeper.sink.now(),
+        };
+        let value =
+            serde_json::to_vec(&p).map_err(|e| crate::BrokerError::Backend(e.to_string()))?;
+        let key = crate::results::progress_key(self.job_id.as_str());
+        keeper.sink.put(key, value.into(), keeper.retention).await
+    }
+}
+
+impl FromJob for JobProgress {
+    fn from_job(job: &JobContext) -> Result<Self, Rejection> {
+        Ok(JobProgress {
+            job_id: job.envelope().id().clone(),
+            keeper: job.keeper().cloned(),
         })
     }
 }

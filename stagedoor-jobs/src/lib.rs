@@ -95,6 +95,7 @@ pub mod otel;
 mod outcome;
 mod panic;
 mod report;
+pub mod results;
 mod runtime;
 pub mod schedule;
 mod service;
@@ -119,7 +120,9 @@ pub use envelope::{
     Envelope, FAIR_CLAIM_EVERY, Headers, Job, JobId, Priority, RunAt, UNIQUE_HEADER,
     UNIQUE_PENDING_MAX,
 };
-pub use extract::{Cancellation, Ctx, Data, FromJob, JobContext, Key, Rejection, State, keys};
+pub use extract::{
+    Cancellation, Ctx, Data, FromJob, JobContext, JobProgress, Key, Rejection, State, keys,
+};
 pub use handler::{BoxFuture, Handler, HandlerFn};
 pub use health::{Health, LoopState, QueueHealth, ServiceState, TaskHealth};
 pub use inbox::Inbox;
@@ -129,6 +132,7 @@ pub use mount::{
 };
 pub use outcome::{BoxError, Failure, FailureCause, HandlerOutcome, IntoOutcome};
 pub use panic::{TRACEBACK_MAX_BYTES, TRACEBACK_MAX_FRAMES};
+pub use results::{JobResult, Progress, ResultError, Results};
 pub use schedule::{CronExpr, Missed, Schedule};
 pub use service::{AppInfo, Running, Service, ServiceError};
 /// `#[derive(Inbox)]`: describes a job table for the SQL backend (the trait of the same name).
@@ -163,8 +167,8 @@ macro_rules! nonzero {
 pub mod prelude {
     pub use crate::{
         AppInfo, Ctx, Data, Exponential, Fixed, FullJitter, HandlerOutcome, Immediate, Job, JobId,
-        Missed, OnDecodeError, Priority, Schedule, Service, Subscriber, cron, keys, nonzero,
-        subscriber,
+        JobProgress, Missed, OnDecodeError, Priority, Results, Schedule, Service, Subscriber, cron,
+        keys, nonzero, subscriber,
     };
     #[cfg(feature = "testing")]
     pub use crate::{MemoryBroker, TestApp};

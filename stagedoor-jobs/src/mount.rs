@@ -44,6 +44,8 @@ pub(crate) struct MountSpec {
     pub(crate) on_decode_error: OnDecodeError,
     pub(crate) global_concurrency: Option<u32>,
     pub(crate) rate_limit: Option<(u32, Duration)>,
+    /// How long results and progress are kept.
+    pub(crate) keep_results: Duration,
 }
 
 /// The subscribers mounted on one broker; [`Service::with_broker`](crate::Service::with_broker)
@@ -82,6 +84,7 @@ impl<B: Broker> RouteBuilder<B> {
             on_decode_error: OnDecodeError::Retry,
             global_concurrency: None,
             rate_limit: None,
+            keep_results: crate::results::DEFAULT_RESULT_RETENTION,
         });
         Mount {
             route: self,
@@ -126,6 +129,9 @@ pub mod steps {
     /// `.rate_limit(..)`
     #[derive(Debug)]
     pub struct RateLimit;
+    /// `.keep_results(..)`
+    #[derive(Debug)]
+    pub struct KeepResults;
 }
 
 /// Holds for a step that a mount has not declared yet.
@@ -138,18 +144,30 @@ pub trait Undeclared<Step> {}
 impl<Step> Undeclared<Step> for Unset {}
 
 /// One mounted subscriber being configured. Each method is a step that may be declared once.
-pub struct Mount<'r, B, C = Unset, D = Unset, P = Unset, N = Unset, E = Unset, G = Unset, R = Unset>
-{
+pub struct Mount<
+    'r,
+    B,
+    C = Unset,
+    D = Unset,
+    P = Unset,
+    N = Unset,
+    E = Unset,
+    G = Unset,
+    R = Unset,
+    K = Unset,
+> {
     route: &'r mut RouteBuilder<B>,
     idx: usize,
-    _steps: PhantomData<(C, D, P, N, E, G, R)>,
+    // One type parameter a step: the typestate that refuses a step declared twice.
+    #[allow(clippy::type_complexity)]
+    _steps: PhantomData<(C, D, P, N, E, G, R, K)>,
 }
 
-impl<'r, B, C, D, P, N, E, G, R> Mount<'r, B, C, D, P, N, E, G, R> {
+impl<'r, B, C, D, P, N, E, G, R, K> Mount<'r, B, C, D, P, N, E, G, R, K> {
     fn spec(&mut self) -> &mut MountSpec {
         &mut self.route.mounts[self.idx]
     }
-    fn next<C2, D2, P2, N2, E2, G2, R2>(self) -> Mount<'r, B, C2, D2, P2, N2, E2, G2, R2> {
+    fn next<C2, D2, P2, N2, E2, G2, R2, K2>(self) -> Mount<'r, B, C2, D2, P2, N2, E2, G2, R2, K2> {
         Mount {
             route: self.route,
             idx: self.idx,
@@ -166,7 +184,7 @@ impl<'r, B, C, D, P, N, E, G, R> Mount<'r, B, C, D, P, N, E, G, R> {
     /// A mount without a cap retries a failing job forever, so its retries never come faster
     /// than [`UNCAPPED_FLOOR`](crate::UNCAPPED_FLOOR) (1 s, doubling to 60 s), whatever its
     /// [`backoff`](Self::backoff) or the handler's `retry_after` asks.
-    pub fn max_attempts(mut self, n: NonZeroU32) -> Mount<'r, B, Set, D, P, N, E, G, R>
+    pub fn max_attempts(mut self, n: NonZeroU32) -> Mount<'r, B, Set, D, P, N, E, G, R, K>
     where
         C: Undeclared<steps::MaxAttempts>,
     {
@@ -177,7 +195,10 @@ impl<'r, B, C, D, P, N, E, G, R> Mount<'r, B, C, D, P, N, E, G, R> {
     /// Where a job goes when it fails its last attempt: a queue, group or table name of the same
     /// broker (`"emails.dead"`, `"jobs:dead"`). Declared together with
     /// [`max_attempts`](Self::max_attempts).
-    pub fn dead_letter(mut self, target: impl Into<String>) -> Mount<'r, B, C, Set, P, N, E, G, R>
+    pub fn dead_letter(
+        mut self,
+        target: impl Into<String>,
+    ) -> Mount<'r, B, C, Set, P, N, E, G, R, K>
     where
         D: Undeclared<steps::DeadLetter>,
     {
@@ -190,7 +211,7 @@ impl<'r, B, C, D, P, N, E, G, R> Mount<'r, B, C, D, P, N, E, G, R> {
     /// [`FullJitter`](crate::FullJitter). `retry_after(d)` from a handler overrides it. On a
     /// mount without [`max_attempts`](Self::max_attempts) either is raised to at least
     /// [`UNCAPPED_FLOOR`](crate::UNCAPPED_FLOOR) for that attempt.
-    pub fn backoff(mut self, policy: impl Backoff) -> Mount<'r, B, C, D, Set, N, E, G, R>
+    pub fn backoff(mut self, policy: impl Backoff) -> Mount<'r, B, C, D, Set, N, E, G, R, K>
     where
         P: Undeclared<steps::Backoff>,
     {
@@ -199,7 +220,7 @@ impl<'r, B, C, D, P, N, E, G, R> Mount<'r, B, C, D, P, N, E, G, R> {
     }
 
     /// How many of this subscriber's handlers run at once (default 8).
-    pub fn concurrency(mut self, n: usize) -> Mount<'r, B, C, D, P, Set, E, G, R>
+    pub fn concurrency(mut self, n: usize) -> Mount<'r, B, C, D, P, Set, E, G, R, K>
     where
         N: Undeclared<steps::Concurrency>,
     {
@@ -209,7 +230,10 @@ impl<'r, B, C, D, P, N, E, G, R> Mount<'r, B, C, D, P, N, E, G, R> {
 
     /// What an undecodable payload does: a failed attempt (the default) or an immediate dead
     /// letter.
-    pub fn on_decode_error(mut self, policy: OnDecodeError) -> Mount<'r, B, C, D, P, N, Set, G, R>
+    pub fn on_decode_error(
+        mut self,
+        policy: OnDecodeError,
+    ) -> Mount<'r, B, C, D, P, N, Set, G, R, K>
     where
         E: Undeclared<steps::OnDecodeError>,
     {
@@ -226,7 +250,7 @@ impl<'r, B, C, D, P, N, E, G, R> Mount<'r, B, C, D, P, N, E, G, R> {
     /// bounds this process.
     ///
     /// `n` must be at least 1 (checked at startup).
-    pub fn global_concurrency(mut self, n: u32) -> Mount<'r, B, C, D, P, N, E, Set, R>
+    pub fn global_concurrency(mut self, n: u32) -> Mount<'r, B, C, D, P, N, E, Set, R, K>
     where
         G: Undeclared<steps::GlobalConcurrency>,
     {
@@ -242,11 +266,24 @@ impl<'r, B, C, D, P, N, E, G, R> Mount<'r, B, C, D, P, N, E, G, R> {
     /// ahead: a claimed job starts at once (when its mount has a free slot).
     ///
     /// `r` must be at least 1 and `per` at least 1 ms (checked at startup).
-    pub fn rate_limit(mut self, r: u32, per: Duration) -> Mount<'r, B, C, D, P, N, E, G, Set>
+    pub fn rate_limit(mut self, r: u32, per: Duration) -> Mount<'r, B, C, D, P, N, E, G, Set, K>
     where
         R: Undeclared<steps::RateLimit>,
     {
         self.spec().rate_limit = Some((r, per));
+        self.next()
+    }
+
+    /// How long this mount's results ([`HandlerOutcome::ack_with`](crate::HandlerOutcome::ack_with),
+    /// `Ok(value)`) and its jobs' last progress ([`JobProgress`](crate::JobProgress)) are kept,
+    /// by the backend's clock (default
+    /// [`DEFAULT_RESULT_RETENTION`](crate::results::DEFAULT_RESULT_RETENTION), 24 hours). After
+    /// it, [`Results::result`](crate::Results::result) reads `None`.
+    pub fn keep_results(mut self, retention: Duration) -> Mount<'r, B, C, D, P, N, E, G, R, Set>
+    where
+        K: Undeclared<steps::KeepResults>,
+    {
+        self.spec().keep_results = retention;
         self.next()
     }
 }

@@ -13,6 +13,7 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 /// | outcome | what happens |
 /// |---|---|
 /// | [`ack`](Self::ack) | the job is done and leaves the queue |
+/// | [`ack_with`](Self::ack_with) | as `ack`, its value kept as the job's result ([`Results`](crate::Results)) |
 /// | [`retry`](Self::retry) | a failed attempt: the job comes back after the mount's backoff (none declared: at once) |
 /// | [`retry_after`](Self::retry_after) | a failed attempt: the job comes back no earlier than now + `d`, durably |
 /// | [`drop`](Self::drop) | done without success: leaves the queue as `ack` does, logged; no dead letter |
@@ -20,12 +21,14 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 /// A failed attempt that reaches the mount's `max_attempts` is not retried: the job moves to
 /// its dead letter.
 #[must_use = "a handler's outcome decides what happens to the job: return it"]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HandlerOutcome(pub(crate) Outcome);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
     Ack,
+    /// Acknowledged with a result: its JSON, or why it could not be made.
+    AckWith(Result<bytes::Bytes, String>),
     Retry,
     RetryAfter(Duration),
     Drop,
@@ -35,6 +38,19 @@ impl HandlerOutcome {
     /// The job is done and leaves the queue.
     pub const fn ack() -> Self {
         Self(Outcome::Ack)
+    }
+    /// The job is done and leaves the queue, with `value` kept as its result: stored as JSON
+    /// before the job is acknowledged, for the mount's
+    /// [`keep_results`](crate::mount::Mount::keep_results), readable by the job's id
+    /// ([`Results::result`](crate::Results::result)). A value past
+    /// [`MAX_RESULT_BYTES`](crate::results::MAX_RESULT_BYTES) is not kept (its result reads as
+    /// too large); a value that does not serialize fails the attempt, naming serde's error.
+    pub fn ack_with<T: serde::Serialize + ?Sized>(value: &T) -> Self {
+        Self(Outcome::AckWith(
+            serde_json::to_vec(value)
+                .map(Into::into)
+                .map_err(|e| e.to_string()),
+        ))
     }
     /// A failed attempt: the job comes back after the mount's backoff, or at once without one.
     pub const fn retry() -> Self {
@@ -52,9 +68,9 @@ impl HandlerOutcome {
     pub const fn drop() -> Self {
         Self(Outcome::Drop)
     }
-    /// Whether this is `ack()`.
+    /// Whether this is `ack()` or `ack_with(..)`.
     pub fn is_ack(&self) -> bool {
-        self.0 == Outcome::Ack
+        matches!(self.0, Outcome::Ack | Outcome::AckWith(_))
     }
 }
 
@@ -139,8 +155,8 @@ impl Failure {
 #[doc(hidden)]
 #[derive(Debug)]
 pub enum Verdict {
-    /// `ack()`
-    Ack,
+    /// `ack()`, with the result's JSON when the handler returned one.
+    Ack(Option<bytes::Bytes>),
     /// `drop()`
     Drop,
     /// A failed attempt, with the delay asked for (`retry_after`) if any.
@@ -148,10 +164,12 @@ pub enum Verdict {
 }
 
 /// Values a handler may return: [`HandlerOutcome`], `Result<HandlerOutcome, E>` and
-/// `Result<(), E>` (where `Ok(())` is `ack()` and `Err(e)` a failed attempt carrying `e`).
+/// `Result<T, E>` for any `T: Serialize` (where `Ok(())` is `ack()`, `Ok(value)` is
+/// `ack_with(&value)` — a value serializing to `null`, as `()` and `None` do, keeps no result —
+/// and `Err(e)` a failed attempt carrying `e`).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a job handler's result",
-    label = "a handler returns `HandlerOutcome`, `Result<HandlerOutcome, E>` or `Result<(), E>`",
+    label = "a handler returns `HandlerOutcome`, `Result<HandlerOutcome, E>` or `Result<T, E>` (`T: Serialize`, its value kept as the job's result; `Result<(), E>` keeps none)",
     note = "`E` is any error convertible into `Box<dyn std::error::Error + Send + Sync>` (every std error, `anyhow::Error`)"
 )]
 pub trait IntoOutcome: Send {
@@ -163,7 +181,9 @@ pub trait IntoOutcome: Send {
 impl IntoOutcome for HandlerOutcome {
     fn into_verdict(self) -> Verdict {
         match self.0 {
-            Outcome::Ack => Verdict::Ack,
+            Outcome::Ack => Verdict::Ack(None),
+            Outcome::AckWith(Ok(json)) => Verdict::Ack(Some(json)),
+            Outcome::AckWith(Err(e)) => Verdict::Failed(unserializable(&e), None),
             Outcome::Drop => Verdict::Drop,
             Outcome::Retry => Verdict::Failed(retry_failure(None), None),
             Outcome::RetryAfter(d) => Verdict::Failed(retry_failure(Some(d)), Some(d)),
@@ -177,6 +197,23 @@ fn retry_failure(after: Option<Duration>) -> Failure {
         Some(d) => format!("the handler asked for a retry after {d:?}"),
     };
     Failure::new(FailureCause::Retry, error, String::new())
+}
+
+fn unserializable(error: &str) -> Failure {
+    Failure::new(
+        FailureCause::Error,
+        format!("the handler's result does not serialize as JSON: {error}"),
+        String::new(),
+    )
+}
+
+/// The verdict of `Ok(value)`: acknowledged, with the value's JSON unless it is `null`.
+fn value_verdict<T: serde::Serialize>(value: &T) -> Verdict {
+    match serde_json::to_vec(value) {
+        Ok(json) if json == b"null" => Verdict::Ack(None),
+        Ok(json) => Verdict::Ack(Some(json.into())),
+        Err(e) => Verdict::Failed(unserializable(&e.to_string()), None),
+    }
 }
 
 fn error_verdict<E: Into<BoxError>>(e: E) -> Verdict {
@@ -193,10 +230,10 @@ impl<E: Into<BoxError> + Send> IntoOutcome for Result<HandlerOutcome, E> {
     }
 }
 
-impl<E: Into<BoxError> + Send> IntoOutcome for Result<(), E> {
+impl<T: serde::Serialize + Send, E: Into<BoxError> + Send> IntoOutcome for Result<T, E> {
     fn into_verdict(self) -> Verdict {
         match self {
-            Ok(()) => Verdict::Ack,
+            Ok(value) => value_verdict(&value),
             Err(e) => error_verdict(e),
         }
     }
@@ -225,7 +262,26 @@ mod tests {
 
     #[test]
     fn outcomes_map_to_verdicts() {
-        assert!(matches!(HandlerOutcome::ack().into_verdict(), Verdict::Ack));
+        assert!(matches!(
+            HandlerOutcome::ack().into_verdict(),
+            Verdict::Ack(None)
+        ));
+        assert!(
+            matches!(HandlerOutcome::ack_with(&[1, 2]).into_verdict(), Verdict::Ack(Some(j)) if j == "[1,2]")
+        );
+        assert!(matches!(
+            Ok::<_, std::io::Error>(Some(7)).into_verdict(),
+            Verdict::Ack(Some(j)) if j == "7"
+        ));
+        assert!(matches!(
+            Ok::<Option<u8>, std::io::Error>(None).into_verdict(),
+            Verdict::Ack(None)
+        ));
+        let bad: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+        assert!(matches!(
+            HandlerOutcome::ack_with(&bad).into_verdict(),
+            Verdict::Failed(f, None) if f.error.contains("does not serialize")
+        ));
         assert!(matches!(
             HandlerOutcome::drop().into_verdict(),
             Verdict::Drop
@@ -240,7 +296,7 @@ mod tests {
         );
         assert!(matches!(
             Ok::<(), std::io::Error>(()).into_verdict(),
-            Verdict::Ack
+            Verdict::Ack(None)
         ));
         let r: Result<HandlerOutcome, BoxError> = Ok(HandlerOutcome::drop());
         assert!(matches!(r.into_verdict(), Verdict::Drop));

@@ -86,10 +86,15 @@ impl<B: Broker> Worker<B> {
             // mount and while its handler runs, by the worker (`renewals.rs`).
             let held = self.renewals.hold(&delivery, &cancel);
             let ran = self.run_handler(mount, env, &cancel).await;
-            held.release().await;
             // A job cancelled while it ran (or waited for its slot) is dropped, whatever its
             // handler answered.
-            let Some(ran) = ran.filter(|_| !cancel.is_cancelled()) else {
+            let ran = ran.filter(|_| !cancel.is_cancelled());
+            // A result is kept before the job is acknowledged, its lease still renewed.
+            if let Some(Ok(Ran::Verdict(Verdict::Ack(Some(json))))) = &ran {
+                self.keep_result(spec, env, json).await;
+            }
+            held.release().await;
+            let Some(ran) = ran else {
                 tracing::info!("cancelled: dropped");
                 for o in self.ctx.observers.iter() {
                     o.cancelled(&self.queue.name, env);
@@ -128,6 +133,10 @@ impl<B: Broker> Worker<B> {
             env.clone(),
             Arc::clone(&self.ctx.state),
             cancel.clone(),
+            crate::results::Keeper {
+                sink: Arc::clone(&self.records),
+                retention: spec.keep_results,
+            },
         ));
         let started = std::time::Instant::now();
         // In the delivery's task: a handler that blocks its thread (blocking code without
@@ -169,7 +178,7 @@ impl<B: Broker> Worker<B> {
         ran: Result<Ran, Failure>,
     ) -> Settlement {
         match ran {
-            Ok(Ran::Verdict(Verdict::Ack)) => Settlement::Ack,
+            Ok(Ran::Verdict(Verdict::Ack(_))) => Settlement::Ack,
             Ok(Ran::Verdict(Verdict::Drop)) => {
                 tracing::info!("dropped by its handler");
                 Settlement::Drop

@@ -242,6 +242,7 @@ impl<B: Broker> ErasedRoute for RouteRuntime<B> {
                     held_id: ctx.held_back.register(&q.name),
                     fair: crate::broker::FairTurn::default(),
                     renewals: Default::default(),
+                    records: Arc::new(self.broker.clone()),
                 };
                 handles.push(tokio::spawn(Arc::new(worker).run()));
             }

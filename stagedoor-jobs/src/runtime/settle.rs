@@ -143,3 +143,48 @@ impl<B: Broker> Worker<B> {
         }
     }
 }
+
+impl<B: Broker> Worker<B> {
+    /// Keeps a handler's result before its job is acknowledged: tried again while the backend
+    /// is unreachable (the lease is renewed meanwhile; a shutdown's deadline ends the tries and
+    /// the job comes back), given up with an error line on any other failure (the job is still
+    /// acknowledged: its result is then missing).
+    pub(super) async fn keep_result(
+        &self,
+        spec: &crate::mount::MountSpec,
+        env: &crate::Envelope,
+        json: &bytes::Bytes,
+    ) {
+        let record = crate::results::JobResult::encode(self.broker.clock().now(), json);
+        if json.len() > crate::results::MAX_RESULT_BYTES {
+            tracing::warn!(
+                bytes = json.len(),
+                "the handler's result is past the limit of {} bytes: not kept (its result reads as too large)",
+                crate::results::MAX_RESULT_BYTES
+            );
+        }
+        let key = crate::results::result_key(env.id().as_str());
+        let mut wait = Duration::from_millis(50);
+        let mut failures = 0u32;
+        loop {
+            let put = self
+                .records
+                .put(key.clone(), record.clone(), spec.keep_results);
+            match put.await {
+                Ok(()) => return,
+                Err(e) if e.is_transient() => {
+                    failures += 1;
+                    if failures == 1 || failures.is_multiple_of(10) {
+                        tracing::warn!(error = %e, "could not keep the job's result ({failures} tries): trying again");
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(SETTLE_RETRY_MAX);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "could not keep the job's result: the job is acknowledged without it");
+                    return;
+                }
+            }
+        }
+    }
+}

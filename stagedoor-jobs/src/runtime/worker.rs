@@ -99,6 +99,8 @@ pub(super) struct Worker<B: Broker> {
     pub(super) fair: FairTurn,
     /// The deliveries in flight whose leases the worker renews (`Renewals::run`).
     pub(super) renewals: super::renewals::Renewals<B::Receipt>,
+    /// The broker's records, where results and progress are kept.
+    pub(super) records: Arc<dyn crate::results::RecordSink>,
 }
 
 impl<B: Broker> Worker<B> {
