@@ -1,8 +1,8 @@
 //! `RedisBroker`: the [`Broker`] on Redis Streams: the struct and its state, the builder
 //! methods, the small helpers every file shares, and the trait impls (`Inspect`,
-//! `DeadLetters`, `Activity`, `Locks`, `Broker`), whose methods each call the inherent method of
-//! the same name (inherent methods come first in Rust's method lookup) in the file of its
-//! concern:
+//! `DeadLetters`, `Activity`, `Records`, `Locks`, `Broker`), whose methods each call the
+//! inherent method of the same name (inherent methods come first in Rust's method lookup) in
+//! the file of its concern:
 //!
 //! | file | what |
 //! |---|---|
@@ -19,6 +19,7 @@
 //! | `cancel.rs` | cancel, cancelled |
 //! | `schedule.rs` | the scheduler's locks and ticks |
 //! | `permits.rs` | the permit pools of the global limits |
+//! | `records.rs` | records: values by key with a version and a ttl |
 //! | `activity.rs` | workers' reports, per-minute counts, delayed jobs |
 //! | `stats.rs` | stats, queues, dead_len, next_due, server_time |
 //! | `errors.rs` | how the server's errors are read |
@@ -44,7 +45,7 @@ use crate::conn::{Conn, Target};
 use crate::entry::Fields;
 use crate::errors::Errors;
 use crate::keys::{DEAD_SUFFIX, Keys};
-use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks};
+use stagedoor_jobs::broker::{DeadLetters, Inspect, Locks, Record, RecordWrite, Records};
 
 mod housekeeping;
 mod key_cache;
@@ -407,7 +408,15 @@ impl Activity for RedisBroker {
     }
 }
 
-impl stagedoor_jobs::broker::Records for RedisBroker {}
+impl Records for RedisBroker {
+    async fn read_record(&self, key: &str) -> Result<Option<Record>, BrokerError> {
+        self.redis_read_record(key).await
+    }
+
+    async fn write_records(&self, writes: &[RecordWrite]) -> Result<Option<Vec<u64>>, BrokerError> {
+        self.redis_write_records(writes).await
+    }
+}
 
 impl Locks for RedisBroker {
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {

@@ -91,6 +91,7 @@
 //! | a scheduler tick's guard | `{jobs}:once:sched:<schedule>:<tick ms>` | `SCAN 0 MATCH {jobs}:once:*` |
 //! | a schedule's last tick | `stagedoor:sched:{<schedule>}` | `GET stagedoor:sched:{expire_holds}` |
 //! | a lock (the dead-letter alert's) | `stagedoor:lock:{<key>}` | `SCAN 0 MATCH stagedoor:lock:*` |
+//! | a record ([`Records`](stagedoor_jobs::broker::Records): a job's result, progress) | `stagedoor:records:{records}:<key>` (a hash: `value`, `version`) | `HGETALL stagedoor:records:{records}:<key>` |
 //!
 //! The dead letter of a mount on `jobs` is `jobs:dead`. [`RedisBroker::stream_key`] names a
 //! queue's stream key, to add entries by hand (`XADD`) or look at them.
@@ -109,7 +110,8 @@
 //!
 //! [`RedisBroker::namespace`] puts every key of a broker inside its own tag: with
 //! `.namespace("app1:")` the queue `jobs` is `{app1:jobs}`, its dead stream `{app1:jobs}:dead`, a
-//! schedule's last tick `stagedoor:sched:{app1:expire_holds}`, and the activity keys
+//! schedule's last tick `stagedoor:sched:{app1:expire_holds}`, a record
+//! `stagedoor:records:{app1:records}:<key>` ([`RedisBroker::record_key`] names it), and the activity keys
 //! `{app1:stagedoor:activity}:..`. Queue names are unchanged: mounts, jobs and the CLI
 //! (`--namespace app1:`) still say `jobs`. Several applications, or test runs, share a server
 //! without meeting.
@@ -202,6 +204,7 @@ mod keys;
 mod permits;
 mod publish;
 mod read_conn;
+mod records;
 mod schedule;
 mod scripts;
 mod settle;

@@ -27,6 +27,7 @@
 //! | `scripts/claim.rs` | the fair claim's choice of level |
 //! | `scripts/locks.rs` | locks and a schedule's last tick |
 //! | `scripts/permits.rs` | the permit pools |
+//! | `scripts/records.rs` | records: a read, and a call's writes compared and applied together |
 //! | `scripts.rs` | the reclaim of deliveries idle past their lease (with their delivery counts) |
 
 use std::sync::LazyLock;
@@ -39,6 +40,7 @@ mod lua;
 mod mover;
 mod permits;
 mod publish;
+mod records;
 mod settle;
 
 pub(crate) use cancel::{CANCEL_DELAYED, CANCEL_ENTRY};
@@ -49,6 +51,7 @@ pub(crate) use lua::{OomScript, ScriptCall};
 pub(crate) use mover::{LATEST_DUE_MS, MOVE_DUE};
 pub(crate) use permits::{RENEW_PERMITS, TAKE_PERMITS};
 pub(crate) use publish::{FINISH_GUARD, PUBLISH, PUBLISH_BODY, PUBLISH_ONCE};
+pub(crate) use records::{READ_RECORD, WRITE_RECORDS};
 pub(crate) use settle::{RENEW, SETTLE_BATCH, SETTLE_MANY};
 
 use lua::with_trim;
