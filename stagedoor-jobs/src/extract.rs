@@ -18,6 +18,8 @@ pub struct JobContext {
     cancellation: Cancellation,
     /// Where the job's progress goes (the runtime's contexts have one).
     keeper: Option<crate::results::Keeper>,
+    /// The job's flow, when it belongs to one.
+    flow: Option<Arc<FlowInfo>>,
 }
 
 impl JobContext {
@@ -29,6 +31,7 @@ impl JobContext {
             state,
             cancellation: Cancellation::default(),
             keeper: None,
+            flow: None,
         }
     }
     /// The context the runtime gives a delivery: `cancellation` as the job's, without making
@@ -40,6 +43,7 @@ impl JobContext {
         state: Arc<State>,
         cancellation: Cancellation,
         keeper: crate::results::Keeper,
+        flow: Option<Arc<FlowInfo>>,
     ) -> Self {
         Self {
             queue,
@@ -47,6 +51,7 @@ impl JobContext {
             state,
             cancellation,
             keeper: Some(keeper),
+            flow,
         }
     }
     /// The context with `cancellation` as the job's (the runtime's, fired by
@@ -333,6 +338,90 @@ impl FromJob for JobProgress {
             job_id: job.envelope().id().clone(),
             keeper: job.keeper().cloned(),
         })
+    }
+}
+
+/// What a flow's job may read of its flow: `flow: FlowInfo` among its handler's arguments (a
+/// job outside any flow gets an empty one: [`is_in_flow`](Self::is_in_flow) is false). For a batch's callback, its
+/// parents are the batch's jobs: [`succeeded`](Self::succeeded) and [`failed`](Self::failed)
+/// are the batch's counts and failed ids.
+#[derive(Clone, Default)]
+pub struct FlowInfo {
+    flow: String,
+    parents: Vec<String>,
+    succeeded: Vec<String>,
+    failed: Vec<String>,
+    sink: Option<Arc<dyn crate::results::RecordSink>>,
+}
+
+impl fmt::Debug for FlowInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlowInfo")
+            .field("flow", &self.flow)
+            .field("parents", &self.parents)
+            .field("succeeded", &self.succeeded)
+            .field("failed", &self.failed)
+            .finish()
+    }
+}
+
+impl FlowInfo {
+    pub(crate) fn new(
+        flow: String,
+        parents: Vec<String>,
+        succeeded: Vec<String>,
+        failed: Vec<String>,
+        sink: Arc<dyn crate::results::RecordSink>,
+    ) -> Self {
+        Self {
+            flow,
+            parents,
+            succeeded,
+            failed,
+            sink: Some(sink),
+        }
+    }
+    /// Whether the job belongs to a flow or a batch.
+    pub fn is_in_flow(&self) -> bool {
+        !self.flow.is_empty()
+    }
+    /// The flow's (or batch's) id; empty outside any flow.
+    pub fn flow_id(&self) -> &str {
+        &self.flow
+    }
+    /// The jobs this one waited for.
+    pub fn parents(&self) -> &[String] {
+        &self.parents
+    }
+    /// The parents that succeeded, when this job was delivered.
+    pub fn succeeded(&self) -> &[String] {
+        &self.succeeded
+    }
+    /// The parents that failed (dead-lettered, dropped, cancelled) or were skipped.
+    pub fn failed(&self) -> &[String] {
+        &self.failed
+    }
+    /// The results the parents that succeeded returned (those that returned one and whose
+    /// result has not run out), read now, by job id.
+    pub async fn parent_results(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, crate::JobResult>, crate::BrokerError> {
+        let mut out = std::collections::BTreeMap::new();
+        let Some(sink) = &self.sink else {
+            return Ok(out);
+        };
+        for id in &self.succeeded {
+            if let Some(r) = sink.result(id.clone()).await? {
+                out.insert(id.clone(), r);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl FromJob for FlowInfo {
+    fn from_job(job: &JobContext) -> Result<Self, Rejection> {
+        Ok(job.flow.as_deref().cloned().unwrap_or_default())
     }
 }
 

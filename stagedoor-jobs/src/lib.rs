@@ -83,6 +83,7 @@ mod clock;
 mod counters;
 mod envelope;
 mod extract;
+pub mod flow;
 pub mod guide;
 mod handler;
 mod health;
@@ -121,8 +122,10 @@ pub use envelope::{
     UNIQUE_PENDING_MAX,
 };
 pub use extract::{
-    Cancellation, Ctx, Data, FromJob, JobContext, JobProgress, Key, Rejection, State, keys,
+    Cancellation, Ctx, Data, FlowInfo, FromJob, JobContext, JobProgress, Key, Rejection, State,
+    keys,
 };
+pub use flow::{Batch, Flow, Flows, OnParentFailure};
 pub use handler::{BoxFuture, Handler, HandlerFn};
 pub use health::{Health, LoopState, QueueHealth, ServiceState, TaskHealth};
 pub use inbox::Inbox;
@@ -166,9 +169,9 @@ macro_rules! nonzero {
 /// Everything a handler file needs: `use stagedoor_jobs::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        AppInfo, Ctx, Data, Exponential, Fixed, FullJitter, HandlerOutcome, Immediate, Job, JobId,
-        JobProgress, Missed, OnDecodeError, Priority, Results, Schedule, Service, Subscriber, cron,
-        keys, nonzero, subscriber,
+        AppInfo, Batch, Ctx, Data, Exponential, Fixed, Flow, FlowInfo, Flows, FullJitter,
+        HandlerOutcome, Immediate, Job, JobId, JobProgress, Missed, OnDecodeError, Priority,
+        Results, Schedule, Service, Subscriber, cron, keys, nonzero, subscriber,
     };
     #[cfg(feature = "testing")]
     pub use crate::{MemoryBroker, TestApp};

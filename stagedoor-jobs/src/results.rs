@@ -249,12 +249,15 @@ pub trait Results: Records + Sync {
 
 impl<B: Records + Sync> Results for B {}
 
+type ReadFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<JobResult>, BrokerError>> + Send + 'a>>;
 type WriteFuture<'a> = Pin<Box<dyn Future<Output = Result<(), BrokerError>> + Send + 'a>>;
 
 /// Where a running job's progress and result go: the broker's records, its type erased so that
 /// a handler's context can hold it.
 pub(crate) trait RecordSink: Send + Sync {
     fn put(&self, key: String, value: Bytes, ttl: Duration) -> WriteFuture<'_>;
+    fn result(&self, job_id: String) -> ReadFuture<'_>;
     fn now(&self) -> DateTime<Utc>;
 }
 
@@ -264,6 +267,9 @@ impl<B: Broker> RecordSink for B {
             let w = [RecordWrite::put(key, value).ttl(ttl)];
             self.write_records(&w).await.map(|_| ())
         })
+    }
+    fn result(&self, job_id: String) -> ReadFuture<'_> {
+        Box::pin(async move { Results::result(self, &job_id).await })
     }
     fn now(&self) -> DateTime<Utc> {
         self.clock().now()

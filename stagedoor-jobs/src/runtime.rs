@@ -17,11 +17,14 @@
 //! - `limits.rs`: a queue's global limits (global concurrency, rate), taken as permits of the
 //!   backend's pools before each claim;
 //! - `settle.rs`: the lease renewed while the handler runs, and the settlement tried again
-//!   until it takes effect or is fenced.
+//!   until it takes effect or is fenced; a handler's result kept before it;
+//! - `flows.rs`: a flow's job: its node read before it runs, its outcome recorded and its
+//!   children published before its settlement.
 
 mod arrival;
 mod context;
 mod delivery;
+mod flows;
 pub(crate) mod limits;
 mod renewals;
 mod route;

@@ -85,7 +85,26 @@ impl<B: Broker> Worker<B> {
             // The lease is renewed from here on, while the delivery waits for a slot of its
             // mount and while its handler runs, by the worker (`renewals.rs`).
             let held = self.renewals.hold(&delivery, &cancel);
-            let ran = self.run_handler(mount, env, &cancel).await;
+            let flow = match self.flow_before(env).await {
+                super::flows::Before::Run(flow) => flow,
+                before => {
+                    held.release().await;
+                    let s = if matches!(before, super::flows::Before::Done) {
+                        tracing::info!(
+                            "its flow has it done already: acknowledged without running again"
+                        );
+                        Settlement::Ack
+                    } else {
+                        tracing::info!(
+                            "skipped by its flow (a parent failed): dropped without running"
+                        );
+                        Settlement::Drop
+                    };
+                    self.settle(&spec.subscriber, &delivery, s).await;
+                    return;
+                }
+            };
+            let ran = self.run_handler(mount, env, &cancel, flow).await;
             // A job cancelled while it ran (or waited for its slot) is dropped, whatever its
             // handler answered.
             let ran = ran.filter(|_| !cancel.is_cancelled());
@@ -117,6 +136,7 @@ impl<B: Broker> Worker<B> {
         mount: &MountRt,
         env: &Envelope,
         cancel: &Cancellation,
+        flow: Option<Arc<crate::extract::FlowInfo>>,
     ) -> Option<Result<Ran, Failure>> {
         let spec = &mount.spec;
         // A mount's permits are never closed: nothing calls `close` on them.
@@ -137,6 +157,7 @@ impl<B: Broker> Worker<B> {
                 sink: Arc::clone(&self.records),
                 retention: spec.keep_results,
             },
+            flow,
         ));
         let started = std::time::Instant::now();
         // In the delivery's task: a handler that blocks its thread (blocking code without
