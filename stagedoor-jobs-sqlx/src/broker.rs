@@ -32,6 +32,10 @@ pub(crate) struct Shared<DB: Database> {
     pub(crate) url_for_messages: String,
     /// The bookkeeping tables exist (created on first use).
     pub(crate) bookkeeping: OnceCell<()>,
+    /// The records' table and index exist (created at the first use of records).
+    pub(crate) records: OnceCell<()>,
+    /// Writes of records so far: every so many, one deletes records that ran out (Postgres).
+    pub(crate) record_writes: std::sync::atomic::AtomicU64,
     /// When a statement last failed on the connection (see [`SqlxBroker::cautious`]).
     pub(crate) last_connection_error: Mutex<Option<std::time::Instant>>,
 }
@@ -87,6 +91,8 @@ impl<DB: Database> SqlxBroker<DB> {
                 listening: std::sync::atomic::AtomicBool::new(false),
                 url_for_messages,
                 bookkeeping: OnceCell::new(),
+                records: OnceCell::new(),
+                record_writes: std::sync::atomic::AtomicU64::new(0),
                 last_connection_error: Mutex::new(None),
             }),
             lease: stagedoor_jobs::broker::DEFAULT_LEASE,

@@ -275,7 +275,10 @@
 //! The backend creates its own tables on first use, in the job table's database: `stagedoor_locks`
 //! (scheduler ticks' guards and other locks: `lock_key`, `token`, `until_at`),
 //! `stagedoor_schedules` (each schedule's last tick), `stagedoor_workers` and `stagedoor_minutes`
-//! (the workers' reports and per-minute counts the dashboard shows).
+//! (the workers' reports and per-minute counts the dashboard shows). `stagedoor_records` (the
+//! [`Records`](stagedoor_jobs::broker::Records): `record_key`, `value`, `version`,
+//! `expires_at`, with an index of the expiries, `stagedoor_records_expiry`) is created at the
+//! first use of records.
 //!
 //! ## How it works
 //! - A claim leases due rows (`locked_until = now + lease`) and counts the attempt in the same

@@ -47,15 +47,17 @@ pub(crate) const BOOKKEEPING: [(&str, &str, &str); 5] = [
     ),
 ];
 
-/// Whether the bookkeeping table `name` exists where the statements find it (Postgres: on the
-/// search path; SQLite: in the main database).
+/// Whether the bookkeeping table (or index) `name` exists where the statements find it
+/// (Postgres: on the search path; SQLite: in the main database).
 pub(crate) async fn bookkeeping_exists<DB: Dialect>(
     conn: &mut DB::Connection,
     name: &str,
 ) -> Result<bool, BrokerError> {
     let sql = match DB::FLAVOR {
         Flavor::Postgres => "SELECT CAST(to_regclass($1) AS TEXT)",
-        Flavor::Sqlite => "SELECT name FROM sqlite_master WHERE type = 'table' AND name = $1",
+        Flavor::Sqlite => {
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'index') AND name = $1"
+        }
     };
     let rows = DB::fetch(
         conn,
@@ -78,42 +80,75 @@ pub(crate) async fn ensure_bookkeeping<DB: Dialect>(
     done: &tokio::sync::OnceCell<()>,
     pool: &sqlx::Pool<DB>,
 ) -> Result<(), BrokerError> {
+    ensure_tables(done, pool, &BOOKKEEPING).await
+}
+
+/// Creates the tables (and indexes) of `objects` that are missing (each: its name, the
+/// features that need it, its DDL), once per broker (`done`), as [`ensure_bookkeeping`] does
+/// (the records' table, `stagedoor_records`, is created this way at its first use).
+pub(crate) async fn ensure_tables<DB: Dialect>(
+    done: &tokio::sync::OnceCell<()>,
+    pool: &sqlx::Pool<DB>,
+    objects: &[(&str, &str, &str)],
+) -> Result<(), BrokerError> {
     done.get_or_try_init(|| async {
-        for (name, what, ddl) in BOOKKEEPING {
-            // Postgres races concurrent `CREATE TABLE IF NOT EXISTS` of one table (workers
-            // starting together on a fresh database): the loser sees "already exists" or a
-            // duplicate catalog key, and the table is there once the winner commits.
-            let mut tries: u64 = 0;
-            loop {
-                let mut conn = acquire(pool).await?;
-                if bookkeeping_exists::<DB>(&mut conn, name).await? {
-                    break;
-                }
-                match DB::run(&mut conn, ddl.to_owned(), Vec::new()).await {
-                    Ok(_) => break,
-                    Err(e)
-                        if tries < 5 && {
-                            let m = e.to_string();
-                            m.contains("already exists") || m.contains("duplicate key")
-                        } =>
-                    {
-                        tries += 1;
-                        drop(conn);
-                        tokio::time::sleep(Duration::from_millis(20 * tries)).await;
-                    }
-                    Err(e) if e.to_string().contains("permission denied") => {
-                        return Err(BrokerError::Backend(format!(
-                            "cannot create the bookkeeping table `{name}` ({what}): {e}: as the schema's owner run `{ddl}` and `GRANT SELECT, INSERT, UPDATE, DELETE ON {name} TO <this role>`, or `GRANT CREATE ON SCHEMA <schema> TO <this role>` (see the README, \"Database privileges\")"
-                        )));
-                    }
-                    Err(e) => return Err(db_err(e)),
-                }
-            }
+        for (name, what, ddl) in objects {
+            create_missing(pool, name, what, ddl).await?;
         }
         Ok::<(), BrokerError>(())
     })
     .await?;
     Ok(())
+}
+
+/// Creates `name` with `ddl` unless it exists.
+async fn create_missing<DB: Dialect>(
+    pool: &sqlx::Pool<DB>,
+    name: &str,
+    what: &str,
+    ddl: &str,
+) -> Result<(), BrokerError> {
+    // Postgres races concurrent `CREATE TABLE IF NOT EXISTS` of one table (workers starting
+    // together on a fresh database): the loser sees "already exists" or a duplicate catalog
+    // key, and the table is there once the winner commits.
+    let mut tries: u64 = 0;
+    loop {
+        let mut conn = acquire(pool).await?;
+        if bookkeeping_exists::<DB>(&mut conn, name).await? {
+            return Ok(());
+        }
+        match DB::run(&mut conn, ddl.to_owned(), Vec::new()).await {
+            Ok(_) => return Ok(()),
+            Err(e)
+                if tries < 5 && {
+                    let m = e.to_string();
+                    m.contains("already exists") || m.contains("duplicate key")
+                } =>
+            {
+                tries += 1;
+                drop(conn);
+                tokio::time::sleep(Duration::from_millis(20 * tries)).await;
+            }
+            // An index only makes its statements faster: without it they still work.
+            Err(e) if ddl.starts_with("CREATE INDEX") && is_refused(&e) => {
+                tracing::warn!(error = %e, "cannot create the bookkeeping index `{name}` ({what}), which makes it faster: as the table's owner run `{ddl}`");
+                return Ok(());
+            }
+            Err(e) if is_refused(&e) => {
+                return Err(BrokerError::Backend(format!(
+                    "cannot create the bookkeeping table `{name}` ({what}): {e}: as the schema's owner run `{ddl}` and `GRANT SELECT, INSERT, UPDATE, DELETE ON {name} TO <this role>`, or `GRANT CREATE ON SCHEMA <schema> TO <this role>` (see the README, \"Database privileges\")"
+                )));
+            }
+            Err(e) => return Err(db_err(e)),
+        }
+    }
+}
+
+/// Whether `e` says the role may not create an object (no `CREATE` on the schema; an index
+/// of a table it does not own).
+fn is_refused(e: &sqlx::Error) -> bool {
+    let m = e.to_string();
+    m.contains("permission denied") || m.contains("must be owner")
 }
 
 /// Takes lock `$1` for token `$2` until `$3`: a new row, or one whose `until_at` has passed
@@ -204,6 +239,16 @@ async fn time_under_lock<DB: Dialect>(
             .await
             .map_err(db_err)?;
     }
+    database_now::<DB>(conn, clock).await
+}
+
+/// The time now by the database's clock, read on `conn` (in microseconds): Postgres'
+/// `clock_timestamp()`; on SQLite, whose database's clock is this machine's, the broker's
+/// clock; the harness's paused clock when the broker follows one.
+pub(crate) async fn database_now<DB: Dialect>(
+    conn: &mut DB::Connection,
+    clock: &Clock,
+) -> Result<DateTime<Utc>, BrokerError> {
     if clock.is_manual() || DB::FLAVOR == Flavor::Sqlite {
         let t = clock.now();
         return Ok(DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t));

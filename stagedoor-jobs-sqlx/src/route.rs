@@ -13,6 +13,8 @@
 //! - `route/check.rs`: the startup check of the table against the mounts;
 //! - `route/dead.rs`: [`DeadLetters`](stagedoor_jobs::broker::DeadLetters): listing, replaying and purging dead letters;
 //! - `route/schedule.rs`: [`Locks`](stagedoor_jobs::broker::Locks): the scheduler's locks and ticks;
+//! - `route/records.rs`: [`Records`](stagedoor_jobs::broker::Records): values by key with a
+//!   version and a time to live (`stagedoor_records`);
 //! - `route/inspect.rs`: [`Inspect`](stagedoor_jobs::broker::Inspect): connecting, queue stats, queues, the next due time;
 //! - `route/activity.rs`: [`Activity`](stagedoor_jobs::Activity): workers' reports, per-minute
 //!   counts, delayed rows.
@@ -50,6 +52,7 @@ mod claim;
 mod dead;
 mod inspect;
 mod publish;
+mod records;
 mod schedule;
 mod settle;
 mod unreadable;

@@ -8,7 +8,8 @@
 //! `sql/parts.rs`; the statements themselves are built by the job's path:
 //! `sql/claim.rs` (claims, renewal, next due time), `sql/settle.rs` (acknowledgement, retry,
 //! dead letters, moves between tables), `sql/publish.rs` (inserts), `sql/inspect.rs` (stats,
-//! listing, delayed rows, replay, purge).
+//! listing, delayed rows, replay, purge). `sql/records.rs` holds the statements of records
+//! (`route/records.rs`), which belong to no job table.
 
 use stagedoor_jobs::inbox::{Table, is_plain_identifier};
 
@@ -16,6 +17,7 @@ mod claim;
 mod inspect;
 mod parts;
 mod publish;
+pub(crate) mod records;
 mod settle;
 mod statements;
 

@@ -13,8 +13,6 @@ use crate::dialect::sealed::Value;
 use crate::dialect::{Dialect, acquire, db_err};
 use crate::locks::{DROP_OLD_LOCKS, LAST_TICK, MARK_TICK, UNLOCK, ensure_bookkeeping, take_lock};
 
-impl<DB: Dialect, Row: Inbox> stagedoor_jobs::broker::Records for SqlxRoute<DB, Row> {}
-
 impl<DB: Dialect, Row: Inbox> Locks for SqlxRoute<DB, Row> {
     async fn try_lock(&self, key: &str, token: &str, ttl: Duration) -> Result<bool, BrokerError> {
         let pool = self.pool()?;
