@@ -64,6 +64,9 @@
 //!   writes, a time to live, bounds and hostile keys, racing writers;
 //! - `results.rs`: results and progress: kept and read by id, past the size limit, gone after
 //!   the retention, progress while the job runs, waiting for a result;
+//! - `flows.rs`: flows and batches: dependency order with fan-out and fan-in, a failed
+//!   parent under each policy, a job whose node is done not run again, a batch's callbacks
+//!   once, a flow published all or nothing;
 //! - `unique.rs`: unique jobs, their window, racing publishes, keys by payload;
 //! - `limits.rs`: permit pools, global concurrency across workers, rate limits;
 //! - `bounds.rs`: values at their bounds: delays past `MAX_DELAY`, leases, queue names,
@@ -85,6 +88,7 @@ mod cancel;
 mod caps_and_dead_letters;
 mod crash_and_lease;
 mod fixture;
+mod flows;
 mod headers_and_stats;
 mod limits;
 mod model;
@@ -125,6 +129,12 @@ pub use crash_and_lease::{
     abandoned_job_comes_back_when_advancing_past_its_lease, concurrency_limit_is_respected,
     job_abandoned_at_shutdown_comes_back_after_its_lease, settlement_after_a_lost_lease_is_fenced,
     shutdown_lets_running_handlers_finish, waiting_for_a_mount_slot_keeps_the_lease,
+};
+pub use flows::{
+    a_batch_calls_back_once_with_its_counts,
+    a_dead_lettered_parent_skips_runs_or_holds_its_children,
+    a_flow_runs_in_dependency_order_with_fan_out_and_fan_in,
+    a_job_whose_node_is_done_is_not_run_again, publishing_a_flow_is_all_or_nothing,
 };
 pub use headers_and_stats::{
     request_id_and_trace_reach_the_handler_and_the_dead_letter,
@@ -283,6 +293,11 @@ macro_rules! conformance_tests {
             a_result_past_the_limit_reads_as_too_large
             results_past_retention_are_gone
             progress_is_read_while_the_job_runs
+            a_flow_runs_in_dependency_order_with_fan_out_and_fan_in
+            a_dead_lettered_parent_skips_runs_or_holds_its_children
+            a_job_whose_node_is_done_is_not_run_again
+            a_batch_calls_back_once_with_its_counts
+            publishing_a_flow_is_all_or_nothing
         );
     };
     ($fixture:expr $(,)?) => {

@@ -25,16 +25,13 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::Duration;
 
-pub use doc::{NodeState, OnParentFailure};
+pub use doc::{FLOW_HEADER, NodeState, OnParentFailure};
 pub use engine::flow_key;
 pub(crate) use engine::{node_state, release, update};
 
 use crate::broker::{Broker, BrokerError};
 use crate::envelope::{Job, JobId};
 use doc::{FlowDoc, Node, StoredJob};
-
-/// The header naming the flow a job belongs to.
-pub const FLOW_HEADER: &str = "stagedoor-flow";
 
 /// The most jobs a flow or a batch holds, its callbacks included.
 pub const MAX_FLOW_NODES: usize = 1000;

@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::envelope::{Envelope, Headers, JobId, Priority};
 
+/// The header naming the flow a job belongs to.
+pub const FLOW_HEADER: &str = "stagedoor-flow";
+
 /// What a node does when one of its parents fails (its job is dead-lettered, dropped or
 /// cancelled, or the parent was itself skipped).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::FLOW_HEADER;
-use super::doc::{FlowDoc, NodeState};
+use super::doc::{FLOW_HEADER, FlowDoc, NodeState};
 use crate::broker::{Broker, BrokerError, RecordWrite, Records};
 use crate::envelope::Envelope;
+
+/// A job to publish, with its due time.
+type Due = (Envelope, Option<DateTime<Utc>>);
 
 /// The record key of flow `id`.
 pub fn flow_key(id: &str) -> String {
@@ -25,7 +27,7 @@ pub fn flow_key(id: &str) -> String {
 }
 
 /// Reads flow `id`: `None` when there is none (never published, or run out).
-pub(crate) async fn read<B: Records + ?Sized>(
+pub(crate) async fn read<B: Records>(
     broker: &B,
     id: &str,
 ) -> Result<Option<(FlowDoc, u64)>, BrokerError> {
@@ -43,7 +45,7 @@ pub(crate) async fn read<B: Records + ?Sized>(
 
 /// Writes `doc` as flow `id` if its record is still at `version` (`0`: there is none).
 /// `Ok(false)`: another process wrote first.
-pub(crate) async fn write<B: Records + ?Sized>(
+pub(crate) async fn write<B: Records>(
     broker: &B,
     id: &str,
     doc: &FlowDoc,
@@ -65,7 +67,7 @@ pub(crate) async fn update<B, T>(
     mut change: impl FnMut(&mut FlowDoc) -> Result<T, BrokerError>,
 ) -> Result<Option<(FlowDoc, T)>, BrokerError>
 where
-    B: Records + ?Sized,
+    B: Records,
 {
     let mut wait = Duration::from_millis(1);
     loop {
@@ -99,7 +101,7 @@ pub(crate) async fn release<B: Broker>(
     doc: &FlowDoc,
 ) -> Result<(), BrokerError> {
     let now = broker.clock().now();
-    let mut by_queue: BTreeMap<&str, Vec<(Envelope, Option<DateTime<Utc>>)>> = BTreeMap::new();
+    let mut by_queue: BTreeMap<&str, Vec<Due>> = BTreeMap::new();
     let (mut published, mut junk) = (Vec::new(), Vec::new());
     for (node_id, node) in doc.ready() {
         let Some((mut env, at)) = node
@@ -141,7 +143,7 @@ pub(crate) async fn release<B: Broker>(
 }
 
 /// Where the node `job` of flow `flow` stands, if the flow and the node exist.
-pub(crate) async fn node_state<B: Records + ?Sized>(
+pub(crate) async fn node_state<B: Records>(
     broker: &B,
     flow: &str,
     job: &str,

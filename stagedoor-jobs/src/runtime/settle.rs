@@ -35,7 +35,6 @@ impl<B: Broker> Worker<B> {
         delivery: &Delivery<B::Receipt>,
         settlement: Settlement,
     ) {
-        // A flow's job: its node's outcome recorded and its children published first.
         self.flow_settling(&delivery.envelope, &settlement).await;
         // Observers see the settlement before it is made, so they see settlements in the
         // order they happen; one that turns out fenced is taken back.
