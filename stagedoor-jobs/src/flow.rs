@@ -13,7 +13,7 @@
 //! ([`Flows::add_to_batch`], published at once), then seal it ([`Flows::seal_batch`]). Its
 //! `on_success` job is published once every job of the batch succeeded, its `on_complete` job
 //! once every one finished; each exactly once, however many workers settle the last jobs at once.
-//! A callback's handler reads the batch's counts and failed ids with the [`FlowInfo`] argument.
+//! A callback's handler reads the batch's counts and failed ids with the [`FlowInfo`](crate::FlowInfo) argument.
 //!
 //! Bounds: at most [`MAX_FLOW_NODES`] jobs a flow or batch (callbacks included); a flow's record
 //! is kept until every node is final, then for its `keep` (default 24 hours).
