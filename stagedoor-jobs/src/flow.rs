@@ -390,11 +390,20 @@ pub trait Flows: Broker {
 
     /// Flow (or batch) `id` as it stands; `None` when there is none (or it ran out).
     fn flow(&self, id: &str) -> impl Future<Output = Result<Option<FlowView>, BrokerError>> + Send {
-        async move { Ok(engine::read(self, id).await?.map(|(doc, _)| view(id, doc))) }
+        read_flow(self, id)
     }
 }
 
 impl<B: Broker> Flows for B {}
+
+/// Flow (or batch) `id` as it stands, read from any [`Records`](crate::broker::Records) backend
+/// (a tool that moves no job: the CLI, the dashboard); `None` when there is none (or it ran out).
+pub async fn read_flow<B: crate::broker::Records>(
+    broker: &B,
+    id: &str,
+) -> Result<Option<FlowView>, BrokerError> {
+    Ok(engine::read(broker, id).await?.map(|(doc, _)| view(id, doc)))
+}
 
 fn unknown(id: &str) -> BrokerError {
     BrokerError::Invalid(format!(
