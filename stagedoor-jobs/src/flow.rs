@@ -402,7 +402,9 @@ pub async fn read_flow<B: crate::broker::Records>(
     broker: &B,
     id: &str,
 ) -> Result<Option<FlowView>, BrokerError> {
-    Ok(engine::read(broker, id).await?.map(|(doc, _)| view(id, doc)))
+    Ok(engine::read(broker, id)
+        .await?
+        .map(|(doc, _)| view(id, doc)))
 }
 
 fn unknown(id: &str) -> BrokerError {

@@ -170,8 +170,8 @@ macro_rules! nonzero {
 pub mod prelude {
     pub use crate::{
         AppInfo, Batch, Ctx, Data, Exponential, Fixed, Flow, FlowInfo, Flows, FullJitter,
-        HandlerOutcome, Immediate, Job, JobId, JobProgress, Missed, OnDecodeError, Priority,
-        Results, Schedule, Service, Subscriber, cron, keys, nonzero, subscriber,
+        HandlerOutcome, Immediate, Job, JobId, JobProgress, Missed, OnDecodeError, OnParentFailure,
+        Priority, Results, Schedule, Service, Subscriber, cron, keys, nonzero, subscriber,
     };
     #[cfg(feature = "testing")]
     pub use crate::{MemoryBroker, TestApp};
