@@ -378,3 +378,74 @@ pub async fn publishing_a_flow_is_all_or_nothing<F: Fixture>(fixture: F) {
     assert!(app.dead_letters(&dl).await.is_empty());
     app.stop().await;
 }
+
+/// Waits until both members of the batch are in flight (one in each worker: each allows one at
+/// a time), then finishes: the batch's last two jobs settle in two workers at once.
+async fn meets(
+    msg: &Msg,
+    Data(l): Data<Arc<Ledger>>,
+    Data(b): Data<Arc<tokio::sync::Barrier>>,
+) -> HandlerOutcome {
+    if msg.n < 100 {
+        b.wait().await;
+    }
+    l.ran
+        .lock()
+        .unwrap()
+        .push((msg.n.to_string(), String::new(), vec![], vec![], 0));
+    HandlerOutcome::ack()
+}
+
+/// A batch whose last two jobs settle in two workers at once (two brokers, one handler slot
+/// each, the handlers released together): its callback runs exactly once.
+pub async fn a_batch_settled_by_two_workers_at_once_calls_back_once<F: Fixture>(fixture: F) {
+    const Q: &str = "cf_flow_meet";
+    const CB: &str = "cf_flow_meet_cb";
+    for round in 0..3u64 {
+        let probe = Probe::new();
+        let ledger = Arc::new(Ledger::default());
+        let broker = fixture.broker().await;
+        let other = broker.clone();
+        let direct = connected(&broker).await;
+        let app = start(
+            &fixture,
+            service(&probe)
+                .state(Arc::clone(&ledger))
+                .state(Arc::new(tokio::sync::Barrier::new(2)))
+                .with_broker(broker, |b| {
+                    b.include(Subscriber::new(Q, meets).name("meets_1"))
+                        .concurrency(1);
+                    b.include(Subscriber::new(CB, meets).name("callback"))
+                        .concurrency(1);
+                })
+                .with_broker(other, |b| {
+                    b.include(Subscriber::new(Q, meets).name("meets_2"))
+                        .concurrency(1);
+                }),
+        )
+        .await;
+        let callback = Job::new(CB, &Msg { n: 100 + round }).unwrap();
+        let bid = direct
+            .open_batch(Batch::new().on_complete(callback))
+            .await
+            .expect("open");
+        let members = vec![job(Q, 1), job(Q, 2)];
+        direct.add_to_batch(&bid, members).await.expect("add");
+        direct.seal_batch(&bid).await.expect("seal");
+        for _ in 0..4 {
+            app.drain().await;
+        }
+        let ran = ledger.order();
+        let callbacks = ran
+            .iter()
+            .filter(|r| **r == (100 + round).to_string())
+            .count();
+        assert_eq!(callbacks, 1, "round {round}: one callback; ran {ran:?}");
+        assert_eq!(
+            ran.len(),
+            3,
+            "round {round}: both members and the callback: {ran:?}"
+        );
+        app.stop().await;
+    }
+}
