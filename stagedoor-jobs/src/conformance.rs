@@ -133,6 +133,7 @@ pub use crash_and_lease::{
 pub use flows::{
     a_batch_calls_back_once_with_its_counts,
     a_batch_settled_by_two_workers_at_once_calls_back_once,
+    a_cancelled_flow_job_counts_as_failed_for_its_children,
     a_dead_lettered_parent_skips_runs_or_holds_its_children,
     a_flow_runs_in_dependency_order_with_fan_out_and_fan_in,
     a_job_whose_node_is_done_is_not_run_again, publishing_a_flow_is_all_or_nothing,
@@ -300,6 +301,7 @@ macro_rules! conformance_tests {
             a_batch_calls_back_once_with_its_counts
             publishing_a_flow_is_all_or_nothing
             a_batch_settled_by_two_workers_at_once_calls_back_once
+            a_cancelled_flow_job_counts_as_failed_for_its_children
         );
     };
     ($fixture:expr $(,)?) => {

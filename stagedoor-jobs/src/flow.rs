@@ -388,6 +388,51 @@ pub trait Flows: Broker {
         }
     }
 
+    /// Cancels job `job` of flow `flow`: one waiting in its queue is removed, one running is told
+    /// to stop (and is dropped when its handler returns), one not yet published will not be;
+    /// each then counts as failed for its children, by their policy (skipped by default). Use
+    /// this rather than [`DeadLetters::cancel`](crate::DeadLetters::cancel) for a flow's job:
+    /// a job removed from its queue behind its flow's back leaves its children waiting.
+    fn cancel_in_flow(
+        &self,
+        flow: &str,
+        job: &JobId,
+    ) -> impl Future<Output = Result<crate::Cancelled, BrokerError>> + Send {
+        async move {
+            let Some((doc, _)) = engine::read(self, flow).await? else {
+                return Err(unknown(flow));
+            };
+            let Some(node) = doc.nodes.get(job.as_str()) else {
+                return Ok(crate::Cancelled::NotFound);
+            };
+            let answer = match node.state {
+                NodeState::Released => self.cancel(&node.queue, job).await?,
+                NodeState::Waiting | NodeState::Ready | NodeState::Held => {
+                    crate::Cancelled::Removed
+                }
+                _ => return Ok(crate::Cancelled::NotFound),
+            };
+            if answer == crate::Cancelled::Removed {
+                let changed = update(self, flow, |doc| {
+                    // A job published meanwhile (it was ready) is in its queue now: removed too.
+                    let was = doc.nodes.get(job.as_str()).map(|n| n.state);
+                    if !was.is_some_and(NodeState::is_final) {
+                        doc.fail(job.as_str(), "cancelled");
+                    }
+                    Ok(was)
+                })
+                .await?;
+                if let Some((doc, was)) = changed {
+                    if was == Some(NodeState::Released) {
+                        self.cancel(&node.queue, job).await?;
+                    }
+                    release(self, flow, &doc).await?;
+                }
+            }
+            Ok(answer)
+        }
+    }
+
     /// Flow (or batch) `id` as it stands; `None` when there is none (or it ran out).
     fn flow(&self, id: &str) -> impl Future<Output = Result<Option<FlowView>, BrokerError>> + Send {
         read_flow(self, id)

@@ -449,3 +449,52 @@ pub async fn a_batch_settled_by_two_workers_at_once_calls_back_once<F: Fixture>(
         app.stop().await;
     }
 }
+
+/// Cancelling a flow's job: a delayed one is removed from its queue and counts as failed (its
+/// `Fail` child skipped, its `RunAnyway` child run); a job not yet published is cancelled in
+/// the flow (it never runs) and its child skipped.
+pub async fn a_cancelled_flow_job_counts_as_failed_for_its_children<F: Fixture>(fixture: F) {
+    let (rig, broker, direct) = kit(&fixture).await;
+    let (app, _) = rig.start(&fixture, broker).await;
+    let mut flow = Flow::new();
+    let a = flow.add(rig.job(1).after(Duration::from_secs(3600)));
+    let skip = flow.add_after(rig.job(2), [&a]).unwrap();
+    let anyway = flow
+        .add_after_with(rig.job(4), [&a], OnParentFailure::RunAnyway)
+        .unwrap();
+    let later = flow.add_after(rig.job(5), [&anyway]).unwrap();
+    let after_later = flow.add_after(rig.job(7), [&later]).unwrap();
+    let id = direct.publish_flow(flow).await.expect("publish");
+    // `later` waits for `anyway`: cancelled in the flow before it is published.
+    let answer = direct
+        .cancel_in_flow(&id, &later)
+        .await
+        .expect("cancel later");
+    assert_eq!(answer, crate::Cancelled::Removed);
+    let answer = direct.cancel_in_flow(&id, &a).await.expect("cancel a");
+    assert_eq!(answer, crate::Cancelled::Removed);
+    assert_eq!(app.stats(QA).await.delayed, 0, "removed from its queue");
+    for _ in 0..3 {
+        app.drain().await;
+    }
+    assert_eq!(
+        rig.ledger.order(),
+        [anyway.as_str()],
+        "only the RunAnyway child ran"
+    );
+    let s = states(&direct.flow(&id).await.unwrap().unwrap());
+    assert_eq!(s[a.as_str()], NodeState::Failed);
+    assert_eq!(s[skip.as_str()], NodeState::Skipped);
+    assert_eq!(
+        s[later.as_str()],
+        NodeState::Failed,
+        "cancelled before it was published"
+    );
+    assert_eq!(s[after_later.as_str()], NodeState::Skipped);
+    assert_eq!(
+        direct.cancel_in_flow(&id, &a).await.expect("again"),
+        crate::Cancelled::NotFound,
+        "a final job is not found"
+    );
+    app.stop().await;
+}
