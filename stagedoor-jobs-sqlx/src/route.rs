@@ -444,6 +444,23 @@ impl<DB: Dialect, Row: Inbox> Broker for SqlxRoute<DB, Row> {
         Ok(())
     }
 
+    fn flow_problem(&self, _queue: &str) -> Option<String> {
+        let t = self.table();
+        if t.headers.is_none() {
+            Some(format!(
+                "table `{}` has no headers column to carry a flow's id: add a `#[field(headers)]` text column to run flows on it",
+                t.name
+            ))
+        } else if t.id.generated {
+            Some(format!(
+                "table `{}` has ids the database generates, so a job published twice would be stored twice: run flows on a table whose id is the job's id (a text `#[field(id)]` column)",
+                t.name
+            ))
+        } else {
+            None
+        }
+    }
+
     async fn claim(
         &self,
         queue: &str,

@@ -444,6 +444,15 @@ pub trait Broker: DeadLetters + Locks + Activity + Records {
         queue_name_problem(queue)
     }
 
+    /// Why a job of a [flow](crate::flow) cannot be published to `queue` here, naming the fix;
+    /// `None` (the default) when it can. A flow's job must carry its flow's header, and a job
+    /// published twice under one id must be stored once while it is in its queue (two processes
+    /// may publish a child at once).
+    fn flow_problem(&self, queue: &str) -> Option<String> {
+        let _ = queue;
+        None
+    }
+
     /// The backend's clock now (Redis `TIME`, Postgres `now()`), or `None` for a backend that
     /// keeps no clock of its own. The runtime measures the broker's [`clock`](Broker::clock)
     /// against it at start and every [`SYNC_EVERY`](crate::clock::SYNC_EVERY), so that due

@@ -293,7 +293,7 @@ pub trait Flows: Broker {
             let id = flow.id.clone();
             let doc = flow.into_doc(self, true)?;
             store_new(self, &id, &doc).await?;
-            release(self, &id, &doc).await?;
+            release(self, &id, &doc, None).await?;
             Ok(id)
         }
     }
@@ -366,7 +366,7 @@ pub trait Flows: Broker {
             let Some((doc, ())) = changed else {
                 return Err(unknown(batch));
             };
-            release(self, batch, &doc).await?;
+            release(self, batch, &doc, None).await?;
             Ok(ids)
         }
     }
@@ -384,7 +384,7 @@ pub trait Flows: Broker {
             let Some((doc, ())) = changed else {
                 return Err(unknown(batch));
             };
-            release(self, batch, &doc).await
+            release(self, batch, &doc, None).await
         }
     }
 
@@ -426,7 +426,7 @@ pub trait Flows: Broker {
                     if was == Some(NodeState::Released) {
                         self.cancel(&node.queue, job).await?;
                     }
-                    release(self, flow, &doc).await?;
+                    release(self, flow, &doc, None).await?;
                 }
             }
             Ok(answer)

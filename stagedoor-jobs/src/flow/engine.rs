@@ -93,17 +93,22 @@ fn rand_u16() -> u16 {
     h.finish() as u16
 }
 
-/// Publishes every ready node of flow `id` (from `doc`, as last read or written), then marks
-/// them published. A node whose stored job does not read is marked failed instead.
+/// Publishes the ready nodes of flow `id` (from `doc`, as last read or written; of them only
+/// `only` when given: those a change of this process made ready), then marks them published. A
+/// node whose stored job does not read is marked failed instead.
 pub(crate) async fn release<B: Broker>(
     broker: &B,
     id: &str,
     doc: &FlowDoc,
+    only: Option<&[String]>,
 ) -> Result<(), BrokerError> {
     let now = broker.clock().now();
     let mut by_queue: BTreeMap<&str, Vec<Due>> = BTreeMap::new();
     let (mut published, mut junk) = (Vec::new(), Vec::new());
     for (node_id, node) in doc.ready() {
+        if only.is_some_and(|o| !o.contains(node_id)) {
+            continue;
+        }
         let Some((mut env, at)) = node
             .job
             .as_ref()
@@ -136,7 +141,7 @@ pub(crate) async fn release<B: Broker>(
     if !junk.is_empty() {
         // Failing a node may have made others ready.
         if let Some((doc, _)) = read(broker, id).await? {
-            Box::pin(release(broker, id, &doc)).await?;
+            Box::pin(release(broker, id, &doc, None)).await?;
         }
     }
     Ok(())

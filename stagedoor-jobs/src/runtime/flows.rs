@@ -110,6 +110,8 @@ impl<B: Broker> Worker<B> {
         };
         let updated = transient_retry("record the job's outcome in its flow", || {
             crate::flow::update(&self.broker, flow, |doc| {
+                let before: Vec<String> = doc.ready().map(|(id, _)| id.clone()).collect();
+                let was_final = doc.nodes.get(id).is_some_and(|n| n.state.is_final());
                 let known = match &why {
                     None => doc.complete(id),
                     Some(w) => doc.fail(id, w),
@@ -117,15 +119,22 @@ impl<B: Broker> Worker<B> {
                 if !known {
                     tracing::warn!(flow, "the job is not a node of its flow: nothing to record");
                 }
-                Ok(())
+                let newly: Vec<String> = (doc.ready())
+                    .map(|(id, _)| id.clone())
+                    .filter(|r| !before.contains(r))
+                    .collect();
+                Ok((was_final, newly))
             })
         })
         .await;
-        let Some(Some((doc, ()))) = updated else {
+        let Some(Some((doc, (was_final, newly)))) = updated else {
             return;
         };
+        // This change's children only; every one still ready when the node was final already
+        // (a delivery again after a worker died between the mark and the publish).
+        let only = (!was_final).then_some(newly.as_slice());
         transient_retry("publish the flow's jobs now ready", || {
-            crate::flow::release(&self.broker, flow, &doc)
+            crate::flow::release(&self.broker, flow, &doc, only)
         })
         .await;
     }
