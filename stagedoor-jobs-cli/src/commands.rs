@@ -1,26 +1,30 @@
-//! The commands, written once for every backend (generic over [`DeadLetters`]), one file
-//! each; `select.rs` resolves which dead letters a command names, `report.rs` says what a
+//! The commands, written once for every backend (generic over [`DeadLetters`] and
+//! [`Records`]), one file each; `select.rs` resolves which dead letters a command names, `report.rs` says what a
 //! replay or purge did, `progress.rs` shows it moving.
 
 mod cancel;
+mod flow;
 mod list;
 mod progress;
 mod purge;
 mod queues;
 mod replay;
 mod report;
+mod result;
 mod select;
 mod show;
 
+use stagedoor_jobs::broker::Records;
 use stagedoor_jobs::{DeadLetters, DeadSelector};
 
 use crate::args::{Command, Dead, Select};
 use crate::ctx::Ctx;
 use crate::error::Failure;
 use crate::output::Out;
+use crate::output::escaped;
 
 /// Runs `command` on broker `b`; returns the exit code.
-pub(crate) async fn run<B: DeadLetters>(
+pub(crate) async fn run<B: DeadLetters + Records>(
     b: &B,
     ctx: &Ctx,
     out: &Out,
@@ -58,11 +62,29 @@ pub(crate) async fn run<B: DeadLetters>(
             purge::purge(b, ctx, out, &dead, selector(select), dry_run, yes).await
         }
         Command::Cancel { queue, id } => cancel::cancel(b, ctx, out, &queue, &id).await,
+        Command::Result { id } => result::result(b, out, &id).await,
+        Command::Flow { id } => flow::flow(b, out, &id).await,
         // Served by `dashboard::serve` before the commands run.
         Command::Dashboard(_) => Err(Failure::usage(
             "the dashboard is not a listing command: run `stagedoor-jobs dashboard`",
         )),
     }
+}
+
+/// The longest job or flow id the commands read, in bytes: a record's key (at most
+/// [`MAX_RECORD_KEY`](stagedoor_jobs::broker::MAX_RECORD_KEY)) is the id after a short prefix.
+pub(crate) const MAX_ID: usize = 500;
+
+/// A usage error (exit 2) for an id no record can be kept under: empty or past [`MAX_ID`].
+fn check_id(what: &str, id: &str) -> Result<(), Failure> {
+    if id.is_empty() || id.len() > MAX_ID {
+        return Err(Failure::usage(format!(
+            "a {what} id must be 1 to {MAX_ID} bytes, not {}: `{}…`",
+            id.len(),
+            escaped(&id.as_bytes()[..id.len().min(40)])
+        )));
+    }
+    Ok(())
 }
 
 fn selector(s: Select) -> DeadSelector {
