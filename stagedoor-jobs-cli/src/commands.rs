@@ -21,7 +21,6 @@ use crate::args::{Command, Dead, Select};
 use crate::ctx::Ctx;
 use crate::error::Failure;
 use crate::output::Out;
-use crate::output::escaped;
 
 /// Runs `command` on broker `b`; returns the exit code.
 pub(crate) async fn run<B: DeadLetters + Records>(
@@ -69,22 +68,6 @@ pub(crate) async fn run<B: DeadLetters + Records>(
             "the dashboard is not a listing command: run `stagedoor-jobs dashboard`",
         )),
     }
-}
-
-/// The longest job or flow id the commands read, in bytes: a record's key (at most
-/// [`MAX_RECORD_KEY`](stagedoor_jobs::broker::MAX_RECORD_KEY)) is the id after a short prefix.
-pub(crate) const MAX_ID: usize = 500;
-
-/// A usage error (exit 2) for an id no record can be kept under: empty or past [`MAX_ID`].
-fn check_id(what: &str, id: &str) -> Result<(), Failure> {
-    if id.is_empty() || id.len() > MAX_ID {
-        return Err(Failure::usage(format!(
-            "a {what} id must be 1 to {MAX_ID} bytes, not {}: `{}…`",
-            id.len(),
-            escaped(&id.as_bytes()[..id.len().min(40)])
-        )));
-    }
-    Ok(())
 }
 
 fn selector(s: Select) -> DeadSelector {

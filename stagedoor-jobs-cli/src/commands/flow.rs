@@ -5,8 +5,7 @@ use std::collections::BTreeMap;
 use stagedoor_jobs::broker::Records;
 use stagedoor_jobs::flow::{FlowView, NodeState, NodeView, read_flow};
 
-use super::check_id;
-use crate::error::{Failure, OK};
+use crate::error::{Failure, OK, check_id};
 use crate::output::{self, Out};
 
 /// `flow ID`.

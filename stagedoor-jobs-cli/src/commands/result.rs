@@ -3,8 +3,7 @@
 use stagedoor_jobs::broker::Records;
 use stagedoor_jobs::results::{JobResult, Progress, ResultError, Results};
 
-use super::check_id;
-use crate::error::{Failure, NOT_FOUND, OK};
+use crate::error::{Failure, NOT_FOUND, OK, check_id};
 use crate::output::{self, Out};
 
 /// `result ID`.

@@ -40,32 +40,23 @@ pub(crate) async fn by_path<B: Backend>(
     show(&app, &ctx, Some(&id)).await
 }
 
-/// The id, or the 400 page that says why it is none.
-fn checked<'a, B: Backend>(
-    app: &App<B>,
-    ctx: &ReqCtx,
-    id: Option<&'a str>,
-) -> Result<&'a str, Response> {
-    let why = match id {
-        None => "The link names no job: it needs id (the job's id).".to_owned(),
-        Some(id) => match id_problem(id) {
-            None => return Ok(id),
-            Some(why) => why,
-        },
-    };
-    Err(refusal(
-        app,
-        ctx,
-        StatusCode::BAD_REQUEST,
-        "Which job?",
-        &why,
-    ))
+/// The id, or why it names no job (for a 400 page).
+fn checked(id: Option<&str>) -> Result<&str, String> {
+    match id {
+        None => Err("The link names no job: it needs id (the job's id).".to_owned()),
+        Some(id) => id_problem(id).map_or(Ok(id), Err),
+    }
+}
+
+/// The 400 page of an id that names no job.
+fn bad_id<B: Backend>(app: &App<B>, ctx: &ReqCtx, why: &str) -> Response {
+    refusal(app, ctx, StatusCode::BAD_REQUEST, "Which job?", why)
 }
 
 async fn show<B: Backend>(app: &App<B>, ctx: &ReqCtx, id: Option<&str>) -> Response {
-    let id = match checked(app, ctx, id) {
+    let id = match checked(id) {
         Ok(id) => id,
-        Err(refused) => return refused,
+        Err(why) => return bad_id(app, ctx, &why),
     };
     let (status, body) = match app.result(id).await {
         Err(e) => (
@@ -165,9 +156,9 @@ pub(crate) async fn download<B: Backend>(
     uri: Uri,
 ) -> Response {
     let p = Params::query(&uri);
-    let id = match checked(&app, &ctx, p.get("id")) {
+    let id = match checked(p.get("id")) {
         Ok(id) => id,
-        Err(refused) => return refused,
+        Err(why) => return bad_id(&app, &ctx, &why),
     };
     let found = app.result(id).await;
     let Ok((Some(r), _)) = found else {
