@@ -466,6 +466,23 @@ impl DeadLetters for Counting {
     }
 }
 
+/// Records (a flow, a job's result) answer as slowly as the rest.
+impl stagedoor_jobs::broker::Records for Counting {
+    async fn read_record(
+        &self,
+        key: &str,
+    ) -> Result<Option<stagedoor_jobs::broker::Record>, stagedoor_jobs::BrokerError> {
+        self.slow().await;
+        self.inner.read_record(key).await
+    }
+    async fn write_records(
+        &self,
+        writes: &[stagedoor_jobs::broker::RecordWrite],
+    ) -> Result<Option<Vec<u64>>, stagedoor_jobs::BrokerError> {
+        self.inner.write_records(writes).await
+    }
+}
+
 impl Activity for Counting {
     async fn report(
         &self,

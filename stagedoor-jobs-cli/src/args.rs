@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
     version,
     about = "See every queue of a stagedoor-jobs backend, read its dead letters, replay or purge them.",
     after_help = "Exit codes: 0 ok, 1 the operation failed (or partly), 2 usage error, \
-3 cannot connect (bad URL, server down, not a job table), 4 unknown queue, dead letter, table or job.\n\n\
+3 cannot connect (bad URL, server down, not a job table), 4 unknown queue, dead letter, table, job, result or flow.\n\n\
 Examples:\n  \
 stagedoor-jobs --url redis://127.0.0.1:6379/ queues\n  \
 stagedoor-jobs --url sqlite://mail.db --table mail_jobs dead list emails\n  \
@@ -101,6 +101,19 @@ pub(crate) enum Command {
         /// The queue the job is in.
         queue: String,
         /// The job's id (as `publish` returned it, or as the handler's logs show it).
+        id: String,
+    },
+    /// The result job ID's handler returned (pretty JSON), when it finished, and its last
+    /// progress. Exit 4 when there is none: the job has not finished, finished without a
+    /// value, or its result ran out (kept 24 hours unless its mount says otherwise).
+    Result {
+        /// The job's id (as `publish` returned it).
+        id: String,
+    },
+    /// Flow or batch ID: each job of it (its queue, kind, state, parents and why it failed,
+    /// was skipped or is held), and what holds the flow. Exit 4 when there is no such flow.
+    Flow {
+        /// The flow's or batch's id (as `publish_flow` or `open_batch` returned it).
         id: String,
     },
     /// Serve the web dashboard of this backend (queues, dead letters, schedules, workers)

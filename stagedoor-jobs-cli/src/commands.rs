@@ -1,17 +1,20 @@
-//! The commands, written once for every backend (generic over [`DeadLetters`]), one file
-//! each; `select.rs` resolves which dead letters a command names, `report.rs` says what a
+//! The commands, written once for every backend (generic over [`DeadLetters`] and
+//! [`Records`]), one file each; `select.rs` resolves which dead letters a command names, `report.rs` says what a
 //! replay or purge did, `progress.rs` shows it moving.
 
 mod cancel;
+mod flow;
 mod list;
 mod progress;
 mod purge;
 mod queues;
 mod replay;
 mod report;
+mod result;
 mod select;
 mod show;
 
+use stagedoor_jobs::broker::Records;
 use stagedoor_jobs::{DeadLetters, DeadSelector};
 
 use crate::args::{Command, Dead, Select};
@@ -20,7 +23,7 @@ use crate::error::Failure;
 use crate::output::Out;
 
 /// Runs `command` on broker `b`; returns the exit code.
-pub(crate) async fn run<B: DeadLetters>(
+pub(crate) async fn run<B: DeadLetters + Records>(
     b: &B,
     ctx: &Ctx,
     out: &Out,
@@ -58,6 +61,8 @@ pub(crate) async fn run<B: DeadLetters>(
             purge::purge(b, ctx, out, &dead, selector(select), dry_run, yes).await
         }
         Command::Cancel { queue, id } => cancel::cancel(b, ctx, out, &queue, &id).await,
+        Command::Result { id } => result::result(b, out, &id).await,
+        Command::Flow { id } => flow::flow(b, out, &id).await,
         // Served by `dashboard::serve` before the commands run.
         Command::Dashboard(_) => Err(Failure::usage(
             "the dashboard is not a listing command: run `stagedoor-jobs dashboard`",

@@ -59,6 +59,22 @@ impl Failure {
     }
 }
 
+/// The longest job or flow id the commands read, in bytes: a record's key (at most
+/// [`MAX_RECORD_KEY`](stagedoor_jobs::broker::MAX_RECORD_KEY)) is the id after a short prefix.
+pub(crate) const MAX_ID: usize = 500;
+
+/// A usage error (exit 2) for an id no record can be kept under: empty or past [`MAX_ID`].
+pub(crate) fn check_id(what: &str, id: &str) -> Result<(), Failure> {
+    if id.is_empty() || id.len() > MAX_ID {
+        return Err(Failure::usage(format!(
+            "a {what} id must be 1 to {MAX_ID} bytes, not {}: `{}…`",
+            id.len(),
+            crate::output::escaped(&id.as_bytes()[..id.len().min(40)])
+        )));
+    }
+    Ok(())
+}
+
 /// A broker's error at connect (code 3), without the variant's prefix.
 pub(crate) fn connect_error(e: BrokerError) -> Failure {
     match e {

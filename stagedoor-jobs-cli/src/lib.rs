@@ -11,11 +11,13 @@
 //! stagedoor-jobs --url postgres://app@db/app --table mail_jobs dead replay emails --kind send
 //! stagedoor-jobs --url redis://127.0.0.1:6379/ dashboard --listen 127.0.0.1:8787
 //! stagedoor-jobs --url redis://127.0.0.1:6379/ cancel emails 0190c6d5e7a97b0c9f3e4a3b2c1d0e9f
+//! stagedoor-jobs --url sqlite://mail.db --table mail_jobs result 0190c6d5e7a97b0c9f3e4a3b2c1d0e9f
+//! stagedoor-jobs --url sqlite://mail.db --table mail_jobs flow nightly-report
 //! ```
 //!
 //! Exit codes: 0 ok, 1 the operation failed (or partly), 2 usage error, 3 cannot connect (a
 //! bad URL, a server that is down, a table that is not a job table), 4 unknown queue, dead
-//! letter, table or job. `stagedoor-jobs --help` lists every command and option.
+//! letter, table, job, result or flow. `stagedoor-jobs --help` lists every command and option.
 //!
 //! The binary speaks every backend: Redis (a Redis Cluster when `--url` lists several
 //! `redis://` URLs separated by commas, `rediss://` for TLS), Postgres and SQLite.

@@ -61,14 +61,32 @@
     return true;
   }
 
+  // A job's result page: the progress bar and message; the page is drawn again once the
+  // result is there (and then no longer polls).
+  function result(data) {
+    if (data.error) { throw new Error(data.error); }
+    if (data.found) { window.location.reload(); return false; }
+    var p = data.progress;
+    if (p) {
+      var bar = section.querySelector("[data-field=bar]");
+      if (bar) { bar.value = p.fraction; }
+      setText(section.querySelector("[data-field=percent]"), p.percent);
+      setText(section.querySelector("[data-field=message]"), p.message);
+      setText(section.querySelector("[data-field=at]"), "(" + p.at + ")");
+    }
+    return true;
+  }
+
+  var src = section.getAttribute("data-src") || (base + "/api/" + kind);
+
   function tick() {
-    fetch(base + "/api/" + kind, { credentials: "same-origin", headers: { "Accept": "application/json" } })
+    fetch(src, { credentials: "same-origin", headers: { "Accept": "application/json" } })
       .then(function (r) {
         if (!r.ok) { throw new Error("HTTP " + r.status); }
         return r.json();
       })
       .then(function (data) {
-        var ok = kind === "queues" ? queues(data) : workers(data);
+        var ok = kind === "queues" ? queues(data) : kind === "result" ? result(data) : workers(data);
         if (ok && status) {
           status.classList.remove("stale");
           setText(status, "Refreshed every 2 s; last at " + new Date().toLocaleTimeString() + ".");

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use stagedoor_jobs::broker::Records;
 use stagedoor_jobs::{Activity, DeadLetters};
 
 use crate::auth::Auth;
@@ -49,7 +50,7 @@ impl<B> std::fmt::Debug for Dashboard<B> {
 
 impl<B> Dashboard<B>
 where
-    B: DeadLetters + Activity + Clone + Send + Sync + 'static,
+    B: DeadLetters + Activity + Records + Clone + Send + Sync + 'static,
 {
     /// A dashboard of `broker`: read-write, without authentication (fine on loopback or behind
     /// the service's own auth), titled "stagedoor-jobs". The broker is connected on the first

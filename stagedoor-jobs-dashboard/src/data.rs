@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use stagedoor_jobs::activity::{MinuteCounts, WorkerReport, minute_of};
-use stagedoor_jobs::broker::{mask_url, named_dead_letter};
+use stagedoor_jobs::broker::{Records, mask_url, named_dead_letter};
+use stagedoor_jobs::flow::{FlowView, read_flow};
+use stagedoor_jobs::results::{JobResult, Progress, Results};
 use stagedoor_jobs::{Activity, BrokerError, DeadLetter, DeadLetters, DeadSelector, QueueStats};
 
 use crate::builder::Dashboard;
@@ -65,8 +67,11 @@ pub(crate) struct Polled {
 }
 
 /// What a backend must be for the dashboard.
-pub(crate) trait Backend: DeadLetters + Activity + Clone + Send + Sync + 'static {}
-impl<T: DeadLetters + Activity + Clone + Send + Sync + 'static> Backend for T {}
+pub(crate) trait Backend:
+    DeadLetters + Activity + Records + Clone + Send + Sync + 'static
+{
+}
+impl<T: DeadLetters + Activity + Records + Clone + Send + Sync + 'static> Backend for T {}
 
 /// A backend call's result: the value, or the message the page shows.
 pub(crate) type Shown<T> = Result<T, String>;
@@ -208,6 +213,18 @@ impl<B: Backend> App<B> {
             Err(_) if self.budget().is_none() => Err(self.past_deadline()),
             Err(_) => Err(self.no_answer()),
         }
+    }
+
+    /// Flow (or batch) `id`, `None` when there is none (within the request's deadline).
+    pub(crate) async fn flow(&self, id: &str) -> Shown<Option<FlowView>> {
+        self.call(read_flow(self.broker(), id)).await
+    }
+
+    /// Job `id`'s result and its last progress (within the request's deadline).
+    pub(crate) async fn result(&self, id: &str) -> Shown<(Option<JobResult>, Option<Progress>)> {
+        let result = self.call(self.broker().result(id)).await?;
+        let progress = self.call(self.broker().progress(id)).await?;
+        Ok((result, progress))
     }
 
     fn past_deadline(&self) -> String {

@@ -1,8 +1,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 //! A web dashboard for stagedoor-jobs: the queues with their counts refreshed live and a chart
 //! of the last hour, the dead letters (read, filter, replay, purge), the schedules and delayed
-//! jobs, and the live workers. It works on every backend (anything that is
-//! [`DeadLetters`] + [`Activity`]).
+//! jobs, the live workers, and a flow's jobs or a job's result and progress. It works on every
+//! backend (anything that is [`DeadLetters`](stagedoor_jobs::DeadLetters) + [`Activity`](stagedoor_jobs::Activity) +
+//! [`Records`](stagedoor_jobs::broker::Records)).
 //!
 //! Mount it in a service's own axum app, the way Sidekiq::Web mounts in Rails:
 //!

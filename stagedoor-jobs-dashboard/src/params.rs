@@ -6,6 +6,25 @@ pub(crate) const MAX_INPUT: usize = 60 * 1024;
 /// A selection holds at most this many ids.
 pub(crate) const MAX_SELECTED: usize = 1_000;
 
+/// The longest job or flow id a page reads, in bytes: a record's key (at most
+/// [`MAX_RECORD_KEY`](stagedoor_jobs::broker::MAX_RECORD_KEY)) is the id after a short prefix.
+pub(crate) const MAX_ID: usize = 500;
+
+/// Why `id` cannot name a job or a flow (checked before any backend call): empty, past
+/// [`MAX_ID`], or holding a NUL (no record key may).
+pub(crate) fn id_problem(id: &str) -> Option<String> {
+    if id.is_empty() || id.len() > MAX_ID {
+        Some(format!(
+            "An id must be 1 to {MAX_ID} bytes long; this one is {} bytes.",
+            id.len()
+        ))
+    } else if id.contains('\0') {
+        Some("An id cannot hold a NUL character.".to_owned())
+    } else {
+        None
+    }
+}
+
 /// The fields of a query string or an `application/x-www-form-urlencoded` body, in order.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Params(Vec<(String, String)>);

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::{get, post};
+use stagedoor_jobs::broker::Records;
 use stagedoor_jobs::{Activity, DeadLetters};
 
 use crate::builder::Dashboard;
@@ -13,7 +14,7 @@ use crate::pages;
 
 impl<B> Dashboard<B>
 where
-    B: DeadLetters + Activity + Clone + Send + Sync + 'static,
+    B: DeadLetters + Activity + Records + Clone + Send + Sync + 'static,
 {
     /// The dashboard as an axum [`Router`], to serve alone or to mount in an app with
     /// `app.nest_service("/jobs", dashboard.router())`: its links work at any mount point, and
@@ -34,6 +35,12 @@ where
             .route("/scheduled", get(pages::scheduled::page::<B>))
             .route("/workers", get(pages::workers::page::<B>))
             .route("/api/workers", get(pages::workers::json::<B>))
+            .route("/flows", get(pages::flows::page::<B>))
+            .route("/flows/{id}", get(pages::flows::by_path::<B>))
+            .route("/jobs/result", get(pages::result::page::<B>))
+            .route("/jobs/result/download", get(pages::result::download::<B>))
+            .route("/jobs/{id}/result", get(pages::result::by_path::<B>))
+            .route("/api/result", get(pages::result::json::<B>))
             .route(
                 "/login",
                 get(pages::login::page::<B>).post(pages::login::submit::<B>),

@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 
 use axum::Router;
+use stagedoor_jobs::broker::Records;
 use stagedoor_jobs::{Activity, DeadLetters};
 
 use crate::auth::Auth;
@@ -84,7 +85,7 @@ impl Server {
 /// with an empty secret.
 pub async fn bind<B>(dashboard: Dashboard<B>, listen: &str) -> Result<Server, ServeError>
 where
-    B: DeadLetters + Activity + Clone + Send + Sync + 'static,
+    B: DeadLetters + Activity + Records + Clone + Send + Sync + 'static,
 {
     let empty = match &dashboard.auth {
         Some(Auth::Token(t)) => t.is_empty(),
@@ -128,7 +129,7 @@ where
 /// Serves `dashboard` alone on `listen` until Ctrl-C: [`bind`] then [`Server::run`].
 pub async fn serve<B>(dashboard: Dashboard<B>, listen: &str) -> Result<(), ServeError>
 where
-    B: DeadLetters + Activity + Clone + Send + Sync + 'static,
+    B: DeadLetters + Activity + Records + Clone + Send + Sync + 'static,
 {
     bind(dashboard, listen).await?.run().await
 }

@@ -17,7 +17,8 @@ pub(crate) async fn css() -> impl IntoResponse {
     )
 }
 
-/// `assets/live.js`: refreshes the queues and workers pages every 2 s from their JSON.
+/// `assets/live.js`: refreshes the queues, workers and job result pages every 2 s from their
+/// JSON.
 pub(crate) async fn js() -> impl IntoResponse {
     (
         [
