@@ -32,8 +32,9 @@
 //! On SQLite (a file the processes share), Postgres, Redis and a Redis Cluster. A missing
 //! server URL fails the test. On SQL the jobs go in the conformance table, whose text id
 //! stores a job published twice (a node released by two processes at once) once; on a table
-//! whose id the database generates (the `jobs` table of `examples/hold_expiry.rs`) this test
-//! fails today: such a job is stored twice and its second copy runs while the first finishes.
+//! whose id the database generates (the `jobs` table of `examples/hold_expiry.rs`) such a job
+//! was stored twice and its second copy ran while the first finished: flows are now refused on
+//! such tables (`tests/sql_flows.rs`).
 
 mod common;
 #[allow(dead_code)]

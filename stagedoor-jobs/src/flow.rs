@@ -142,9 +142,10 @@ impl Flow {
             ..Default::default()
         };
         for (job, parents, policy, after_seal) in self.nodes {
-            if let Some(p) = broker
-                .queue_name_problem(job.queue())
+            let problem = broker.queue_name_problem(job.queue());
+            if let Some(p) = problem
                 .or_else(|| job.problem())
+                .or_else(|| broker.flow_problem(job.queue()))
             {
                 return Err(BrokerError::Invalid(p));
             }
