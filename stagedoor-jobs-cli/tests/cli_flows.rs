@@ -58,8 +58,10 @@ fn assert_one_line(r: &Run, code: i32, contains: &str) {
 #[inbox(table = "flow_jobs")]
 #[allow(dead_code)]
 struct FlowJob {
-    #[field(id, generated)]
-    id: i64,
+    // The job's id: a flow's table stores a job published twice once (flows are refused on ids
+    // the database generates).
+    #[field(id)]
+    id: String,
     #[field(group)]
     queue: String,
     #[field(attempt, generated)]
@@ -79,7 +81,7 @@ struct FlowJob {
 }
 
 const DDL: &str = "CREATE TABLE flow_jobs (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT PRIMARY KEY,
     queue TEXT NOT NULL,
     attempt INTEGER NOT NULL DEFAULT 1,
     retry_after TEXT NOT NULL,
