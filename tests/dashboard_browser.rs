@@ -945,3 +945,223 @@ document.body.appendChild(f); f.submit(); return document.cookie;"#
     assert_eq!(route.dead_len(&dead).await.expect("dead_len"), 0);
     browser.close().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Flows and job results (issue 34), on the memory broker
+// ---------------------------------------------------------------------------------------------
+
+/// A report job's payload.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Pages {
+    pages: u32,
+}
+
+/// A flow `nightly` of two report jobs (b after a), published, nothing run; its jobs' ids.
+async fn flow_of_two(
+    b: &stagedoor_jobs::MemoryBroker,
+) -> (stagedoor_jobs::JobId, stagedoor_jobs::JobId) {
+    use stagedoor_jobs::Flows as _;
+    let mut flow = stagedoor_jobs::Flow::new().with_id("nightly");
+    let a = flow.add(Job::new("reports", &Pages { pages: 3 }).expect("job"));
+    let b_id = flow
+        .add_after(Job::new("reports", &Pages { pages: 7 }).expect("job"), [&a])
+        .expect("add after");
+    b.publish_flow(flow).await.expect("publish the flow");
+    (a, b_id)
+}
+
+/// A flow's page shows each job's row with its state and what holds the flow (b waits for
+/// a); the `/flows` form opens the same page; a hostile id typed in the form shows as text:
+/// no element made of it, no alert.
+#[ignore = "needs Chromium: run scripts/test-all"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_page_shows_nodes_and_what_holds_them() {
+    const HOSTILE: &str = "<img src=x onerror=alert(1)>";
+    let _one = SERIAL.lock().await;
+    let broker = stagedoor_jobs::MemoryBroker::new();
+    let (a, b) = flow_of_two(&broker).await;
+    let (a, b) = (a.as_str().to_owned(), b.as_str().to_owned());
+    let base = serve(stagedoor_jobs_dashboard::Dashboard::new(broker.clone()).router()).await;
+    let browser = Browser::start().await;
+    let c = browser.client();
+
+    // What the flow's page must show, however it was opened.
+    let check = |c: &Client| {
+        let (a, b) = (a.clone(), b.clone());
+        let c = c.clone();
+        async move {
+            assert_eq!(
+                text(&c, &format!("tr[data-node=\"{a}\"] [data-field=\"state\"]")).await,
+                "released"
+            );
+            assert_eq!(
+                text(&c, &format!("tr[data-node=\"{b}\"] [data-field=\"state\"]")).await,
+                "waiting"
+            );
+            assert_eq!(
+                text(&c, "[data-field=\"summary\"]").await,
+                "2 jobs: 1 released, 1 waiting. Sealed."
+            );
+            assert_eq!(text(&c, "ul.held").await, format!("{b} waits for {a}"));
+            let first = text(&c, &format!("tr[data-node=\"{a}\"]")).await;
+            assert!(first.contains("reports"), "{first}");
+        }
+    };
+
+    c.goto(&format!("{base}/flows/nightly"))
+        .await
+        .expect("open the flow");
+    check(c).await;
+    screenshot(c, "flow").await;
+
+    // The form: type the id, submit, the same page.
+    c.goto(&format!("{base}/flows"))
+        .await
+        .expect("open the flows form");
+    let own_images = js(c, "return document.querySelectorAll('img').length").await;
+    find(c, "form[action$=\"/flows\"] input[name=\"id\"]")
+        .await
+        .send_keys("nightly")
+        .await
+        .expect("type the flow's id");
+    find(c, "form[action$=\"/flows\"] button[type=\"submit\"]")
+        .await
+        .click()
+        .await
+        .expect("submit the form");
+    check(c).await;
+    let url = c.current_url().await.expect("the url").to_string();
+    assert!(url.ends_with("/flows?id=nightly"), "{url}");
+
+    // A hostile id typed in the form: shown as text, nothing injected, no alert.
+    c.goto(&format!("{base}/flows"))
+        .await
+        .expect("open the flows form");
+    find(c, "form[action$=\"/flows\"] input[name=\"id\"]")
+        .await
+        .send_keys(HOSTILE)
+        .await
+        .expect("type the hostile id");
+    find(c, "form[action$=\"/flows\"] button[type=\"submit\"]")
+        .await
+        .click()
+        .await
+        .expect("submit the form");
+    // An img with a broken src fails at once; give its onerror time to run.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    match c.get_alert_text().await {
+        Err(fantoccini::error::CmdError::Standard(e))
+            if e.error == fantoccini::error::ErrorStatus::NoSuchAlert => {}
+        other => panic!("an alert is open (or the check failed): {other:?}"),
+    }
+    let notice = text(c, "p.notice").await;
+    assert!(
+        notice.contains(&format!("No flow or batch `{HOSTILE}`")),
+        "the id as text: {notice}"
+    );
+    assert_eq!(
+        js(c, "return document.querySelectorAll('img').length").await,
+        own_images,
+        "no element made of the id"
+    );
+    assert_eq!(
+        js(
+            c,
+            "return document.querySelector('form[action$=\"/flows\"] input[name=\"id\"]').value"
+        )
+        .await,
+        json!(HOSTILE),
+        "the form keeps the id as its value"
+    );
+    screenshot(c, "flow-hostile-id").await;
+    browser.close().await;
+}
+
+/// Lets [`slow_report`] return.
+static REPORT_GO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Reports 40 %, waits for [`REPORT_GO`], then returns what it rendered.
+async fn slow_report(
+    r: &Pages,
+    progress: stagedoor_jobs::JobProgress,
+) -> stagedoor_jobs::HandlerOutcome {
+    progress
+        .set(0.4, "page 4 of 10")
+        .await
+        .expect("progress kept");
+    while !REPORT_GO.load(std::sync::atomic::Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stagedoor_jobs::HandlerOutcome::ack_with(&json!({ "pages": r.pages, "file": "report.pdf" }))
+}
+
+/// A running job's result page shows its progress (bar, percent, message) and polls; once the
+/// handler returns, the page shows the result by itself (live.js reloads it) within 10 s.
+#[ignore = "needs Chromium: run scripts/test-all"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn result_page_updates_progress_live() {
+    use stagedoor_jobs::{Publish as _, Results as _};
+    let _one = SERIAL.lock().await;
+    let broker = stagedoor_jobs::MemoryBroker::new();
+    let id = broker
+        .publish_job(Job::new("reports", &Pages { pages: 10 }).expect("job"))
+        .await
+        .expect("publish")
+        .into_id();
+    let running =
+        stagedoor_jobs::Service::new(stagedoor_jobs::AppInfo::new("dash-browser", "0.1.0"))
+            .with_broker(broker.clone(), |m| {
+                m.include(stagedoor_jobs::Subscriber::new("reports", slow_report));
+            })
+            .start()
+            .await
+            .expect("the service starts");
+    let base = serve(stagedoor_jobs_dashboard::Dashboard::new(broker.clone()).router()).await;
+    let browser = Browser::start().await;
+    let c = browser.client();
+
+    c.goto(&format!("{base}/jobs/{}/result", id.as_str()))
+        .await
+        .expect("open the job's result");
+    find(c, "section#result[data-live=\"result\"]").await;
+    // Drawn with the progress, or given it by the page's next poll.
+    wait_text(c, "[data-field=\"percent\"]", "40%").await;
+    wait_text(c, "[data-field=\"message\"]", "page 4 of 10").await;
+    let bar = js(c, "return document.querySelector('[data-field=bar]').value").await;
+    let bar = bar
+        .as_f64()
+        .unwrap_or_else(|| panic!("the bar's value: {bar}"));
+    assert!((bar - 0.4).abs() < 1e-3, "the bar's value: {bar}");
+    assert!(
+        c.find(Locator::Css("pre[data-field=\"result\"]"))
+            .await
+            .is_err(),
+        "no result yet"
+    );
+    screenshot(c, "result-progress").await;
+
+    let released = Instant::now();
+    REPORT_GO.store(true, std::sync::atomic::Ordering::SeqCst);
+    broker
+        .wait_result(id.as_str(), Duration::from_secs(30))
+        .await
+        .expect("the job ran");
+    let shown = text(c, "pre[data-field=\"result\"]").await;
+    let took = released.elapsed();
+    assert!(shown.contains("\"pages\": 10"), "{shown}");
+    assert!(shown.contains("report.pdf"), "{shown}");
+    assert!(
+        took <= Duration::from_secs(10),
+        "the result showed {took:?} after the handler was let go"
+    );
+    assert_eq!(text(c, "[data-field=\"percent\"]").await, "40%");
+    assert_eq!(
+        js(c, "return document.querySelector('[data-live]') === null").await,
+        json!(true),
+        "a finished job's page no longer polls"
+    );
+    screenshot(c, "result-finished").await;
+    eprintln!("result shown {took:?} after the handler was let go");
+    browser.close().await;
+    running.shutdown().await;
+}
