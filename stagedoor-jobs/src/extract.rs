@@ -168,7 +168,7 @@ impl FromJob for Cancellation {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an extractor, so it cannot be an argument of a job handler",
     label = "not an extractor",
-    note = "a handler takes its message first (`msg: &T`); every other argument is an extractor: `Ctx<keys::Attempt>`, `Ctx<keys::JobId>`, `Ctx<keys::Kind>`, `Ctx<keys::EnqueuedAt>`, `Ctx<keys::RequestId>`, `Ctx<keys::Trace>`, `Ctx<keys::Queue>`, `Data<T>`, `Cancellation`",
+    note = "a handler takes its message first (`msg: &T`); every other argument is an extractor: `Ctx<keys::Attempt>`, `Ctx<keys::JobId>`, `Ctx<keys::Kind>`, `Ctx<keys::EnqueuedAt>`, `Ctx<keys::RequestId>`, `Ctx<keys::Trace>`, `Ctx<keys::Queue>`, `Data<T>`, `Cancellation`, `JobProgress`, `FlowInfo`",
     note = "or implement `stagedoor_jobs::FromJob` for `{Self}`"
 )]
 pub trait FromJob: Sized + Send + 'static {
