@@ -449,7 +449,11 @@ async fn flows_child() {
         .append(true)
         .open(dir.join("ready"))
         .expect("the ready file");
-    writeln!(ready, "{pid}").expect("write the ready file");
+    // One write of the whole line: processes append at once, and `writeln!` may write the pid
+    // and its newline apart, interleaving two lines (seen in CI: `2119921196`).
+    ready
+        .write_all(format!("{pid}\n").as_bytes())
+        .expect("write the ready file");
     let until = Instant::now() + PATIENCE * 2;
     while !dir.join("stop").exists() && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(50)).await;
